@@ -1,0 +1,2 @@
+//! pdsim: a simulator of prefill/decode disaggregated LLM serving.
+pub mod sharing;

@@ -1,0 +1,1 @@
+//! Bandwidth sharing between NIXL flows (MODEL.md §8).
