@@ -1,0 +1,140 @@
+//! The agenda: future events keyed on (time, rank, sequence number).
+//!
+//! Events at one instant are delivered together as one tick; `rank` is the
+//! position of the system that handles the event in the tick's order
+//! ([`crate::sim::SimSystems`]), and the sequence number (insertion order)
+//! breaks the remaining ties, so the order never depends on a heap's whim.
+
+use bevy_ecs::prelude::*;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+/// Something scheduled to happen at a future instant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Event {
+    /// A hot-swap phase starts (index into the scenario's phases).
+    Phase(u32),
+    /// A new session arrives (Poisson process).
+    SessionArrival,
+    /// A session's tool call ended: it issues its next turn.
+    NextTurn(Entity),
+    /// A trace request reaches the gateway (index into the trace).
+    TraceArrival(u32),
+    /// A read's fixed latency ended: its flow starts.
+    ReadStart(Entity),
+    /// The earliest flow completion computed at allocation `generation`.
+    FlowDone { generation: u64 },
+    /// An engine's step ends.
+    StepEnd(Entity),
+}
+
+impl Event {
+    /// The system that handles it, in tick order.
+    pub fn rank(&self) -> u8 {
+        match self {
+            Event::Phase(_) => 0,
+            Event::SessionArrival | Event::NextTurn(_) | Event::TraceArrival(_) => 1,
+            Event::ReadStart(_) | Event::FlowDone { .. } => 3,
+            Event::StepEnd(_) => 4,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    time: f64,
+    rank: u8,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    // Reversed: BinaryHeap is a max-heap and we pop the earliest.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .time
+            .total_cmp(&self.time)
+            .then(other.rank.cmp(&self.rank))
+            .then(other.seq.cmp(&self.seq))
+    }
+}
+
+#[derive(Resource, Default)]
+pub struct Agenda {
+    heap: BinaryHeap<Entry>,
+    seq: u64,
+}
+
+impl Agenda {
+    pub fn schedule(&mut self, time: f64, event: Event) {
+        debug_assert!(time.is_finite(), "event {event:?} at {time}");
+        self.seq += 1;
+        self.heap.push(Entry {
+            time,
+            rank: event.rank(),
+            seq: self.seq,
+            event,
+        });
+    }
+
+    pub fn next_time(&self) -> Option<f64> {
+        self.heap.peek().map(|e| e.time)
+    }
+
+    /// Pops the next event if it happens at `time`.
+    pub fn pop_at(&mut self, time: f64) -> Option<Event> {
+        if self.heap.peek()?.time == time {
+            self.heap.pop().map(|e| e.event)
+        } else {
+            None
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_is_time_then_rank_then_insertion() {
+        let mut a = Agenda::default();
+        let e = Entity::from_raw_u32(7).unwrap();
+        a.schedule(2.0, Event::SessionArrival);
+        a.schedule(1.0, Event::StepEnd(e));
+        a.schedule(1.0, Event::ReadStart(e));
+        a.schedule(1.0, Event::NextTurn(e));
+        a.schedule(1.0, Event::StepEnd(Entity::from_raw_u32(8).unwrap()));
+        assert_eq!(a.next_time(), Some(1.0));
+        let got: Vec<Event> = std::iter::from_fn(|| a.pop_at(1.0)).collect();
+        assert_eq!(
+            got,
+            vec![
+                Event::NextTurn(e),
+                Event::ReadStart(e),
+                Event::StepEnd(e),
+                Event::StepEnd(Entity::from_raw_u32(8).unwrap())
+            ]
+        );
+        assert_eq!(a.pop_at(1.0), None);
+        assert_eq!(a.next_time(), Some(2.0));
+    }
+}

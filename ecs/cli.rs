@@ -1,0 +1,160 @@
+//! The command line: `pdsim run`, `pdsim check`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::Result;
+use crate::policy::Hook;
+use crate::report::write_atomic;
+use crate::scenario;
+use crate::sim::Sim;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pdsim",
+    version,
+    about = "Simulate llm-d prefill/decode disaggregation on vLLM with NIXL"
+)]
+pub struct Cli {
+    /// More log output (-v: info, -vv: debug, -vvv: trace); RUST_LOG also works.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by commands that run a scenario.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Seed of the run (overrides the scenario's).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Simulated seconds to run.
+    #[arg(long)]
+    pub horizon: Option<f64>,
+    /// Requests reaching the gateway before this are not counted.
+    #[arg(long)]
+    pub warmup: Option<f64>,
+    /// Override any scenario field by dotted path, e.g.
+    /// --set decode.engine.num_gpu_blocks=2000
+    /// --set router.decider.params.non_cached_tokens=inf
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+}
+
+impl RunOptions {
+    /// All overrides, the explicit flags last so they win.
+    pub fn overrides(&self) -> Vec<String> {
+        let mut o = self.set.clone();
+        if let Some(s) = self.seed {
+            o.push(format!("seed={s}"));
+        }
+        if let Some(h) = self.horizon {
+            o.push(format!("horizon={h}"));
+        }
+        if let Some(w) = self.warmup {
+            o.push(format!("warmup={w}"));
+        }
+        o
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a scenario and print its report.
+    Run {
+        scenario: PathBuf,
+        #[command(flatten)]
+        opts: RunOptions,
+        /// Also write the report as JSON to this file (atomically).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Validate a scenario and compile its scripts without running it.
+    Check {
+        scenario: PathBuf,
+        #[command(flatten)]
+        opts: RunOptions,
+    },
+}
+
+/// Simulated time of the tick in progress, for log timestamps.
+pub static SIM_TIME: AtomicU64 = AtomicU64::new(0);
+
+struct SimTimer;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTimer {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(
+            w,
+            "t={:.6}",
+            f64::from_bits(SIM_TIME.load(Ordering::Relaxed))
+        )
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_timer(SimTimer)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs the command line; returns the process exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match execute(cli.command) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
+
+fn execute(command: Command) -> Result<()> {
+    match command {
+        Command::Run {
+            scenario,
+            opts,
+            json,
+        } => {
+            let sc = scenario::load(&scenario, &opts.overrides())?;
+            let report = Sim::new(&sc)?.run()?;
+            print!("{}", report.to_text());
+            if let Some(path) = json {
+                write_atomic(&path, &report.to_json())?;
+            }
+            Ok(())
+        }
+        Command::Check { scenario, opts } => {
+            let sc = scenario::load(&scenario, &opts.overrides())?;
+            Sim::new(&sc)?;
+            let r = &sc.raw;
+            println!(
+                "{}: ok ({} prefill × {} decode, {} scripts compiled, {} phases)",
+                scenario.display(),
+                r.prefill.count,
+                r.decode.count,
+                1 + [&r.router.decode, &r.router.prefill]
+                    .iter()
+                    .map(|p| p.filters.len() + p.scorers.len() + 1)
+                    .sum::<usize>(),
+                r.phases.len()
+            );
+            let _ = Hook::Decide;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! One vLLM instance's scheduler, one step at a time (MODEL.md §5–§7).
+//!
+//! Forming a step (the engine is idle and has work), budget
+//! `B = max_num_batched_tokens`:
+//! 1. running requests first, in admission order: a chunk of the prompt or
+//!    one decode token each; when the pool has no block for one, the last
+//!    running request is preempted (LIFO), possibly the request itself;
+//! 2. unless this step preempted, the waiting queues — ready remote requests
+//!    (decoder) before new and preempted ones — while budget and a slot are
+//!    left; the first that does not fit stops admissions (head-of-line);
+//! 3. the step costs `c0 + max(omega + beta × kv, tokens × a)`.
+//!
+//! Applying a step (at its end) advances computed tokens, samples a token for
+//! every request whose known tokens are all computed, and finishes requests
+//! that reached `max_tokens`.
+
+use bevy_ecs::prelude::*;
+use std::collections::VecDeque;
+
+use crate::kv::{BlockKey, BlockPool, reusable};
+use crate::policy::Role;
+use crate::request::{KvSource, Leg, Request, RequestStore, Status};
+use crate::scenario::{EngineConfig, StepCost};
+
+/// An instance's KV pool (blocks, prefix cache, LRU).
+#[derive(Component, Debug)]
+pub struct KvPool(pub BlockPool);
+
+/// An instance's NIC: the link index flows use in the bandwidth allocation.
+#[derive(Component, Debug, Clone, Copy)]
+pub struct Nic {
+    pub link: u32,
+    pub tokens_per_s: f64,
+}
+
+/// What happened while forming or applying a step, for the systems around
+/// the scheduler (reused buffers: no allocation per step).
+#[derive(Default, Debug)]
+pub struct StepLog {
+    /// Remote requests admitted and parked while forming (their read starts).
+    pub parked: Vec<Entity>,
+    /// Requests preempted while forming.
+    pub preempted: Vec<Entity>,
+    /// Requests that produced their first token at the step's end.
+    pub first_tokens: Vec<Entity>,
+    /// Requests whose leg finished at the step's end.
+    pub finished: Vec<Entity>,
+}
+
+impl StepLog {
+    pub fn clear(&mut self) {
+        self.parked.clear();
+        self.preempted.clear();
+        self.first_tokens.clear();
+        self.finished.clear();
+    }
+}
+
+/// The scheduler state of one instance.
+#[derive(Component, Debug)]
+pub struct Engine {
+    pub role: Role,
+    pub index: u32,
+    pub cfg: EngineConfig,
+    pub cost: StepCost,
+    /// Running requests in admission order (each holds a slot).
+    pub running: Vec<Entity>,
+    /// New and preempted requests (preempted ones at the front).
+    pub waiting: VecDeque<Entity>,
+    /// Remote requests whose KV has arrived: admitted before `waiting`.
+    pub ready: VecDeque<Entity>,
+    /// Remote requests holding KV while their read is in flight.
+    pub parked: u32,
+    /// The step in progress: (request, tokens scheduled).
+    pub step: Vec<(Entity, u32)>,
+    /// When the step in progress ends (None: idle).
+    pub busy_until: Option<f64>,
+    /// Something that may let the engine schedule changed since it last
+    /// tried (arrival, freed KV, promotion): only then is a step formed.
+    pub dirty: bool,
+    /// Steps run so far.
+    pub steps: u64,
+}
+
+impl Engine {
+    pub fn new(role: Role, index: u32, cfg: EngineConfig, cost: StepCost) -> Engine {
+        Engine {
+            role,
+            index,
+            cfg,
+            cost,
+            running: Vec::with_capacity(cfg_slots(&cfg)),
+            waiting: VecDeque::new(),
+            ready: VecDeque::new(),
+            parked: 0,
+            step: Vec::with_capacity(cfg_slots(&cfg)),
+            busy_until: None,
+            dirty: false,
+            steps: 0,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.busy_until.is_none()
+    }
+
+    /// Requests it holds or queues (MODEL.md §4's active requests).
+    pub fn active(&self) -> u32 {
+        self.running.len() as u32
+            + self.parked
+            + self.ready.len() as u32
+            + self.waiting.len() as u32
+    }
+
+    /// Accepts a request into the waiting queue (from the gateway or sidecar).
+    pub fn enqueue(&mut self, id: Entity) {
+        self.waiting.push_back(id);
+        self.dirty = true;
+    }
+
+    /// A parked request's KV has arrived: it waits for a slot ahead of new ones.
+    pub fn promote(&mut self, id: Entity) {
+        self.parked -= 1;
+        self.ready.push_back(id);
+        self.dirty = true;
+    }
+
+    /// Prompt tokens not yet computed by admitted requests (token load).
+    pub fn prompt_backlog(&self, reqs: &mut impl RequestStore) -> u32 {
+        self.running
+            .iter()
+            .map(|&id| {
+                let r = reqs.req(id);
+                r.prompt.saturating_sub(r.computed)
+            })
+            .sum()
+    }
+
+    /// Forms the next step. Returns its duration, or None when nothing can be
+    /// computed now (the engine stays idle until something changes).
+    pub fn form_step(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> Option<f64> {
+        self.dirty = false;
+        self.step.clear();
+        loop {
+            let preempted = self.schedule_running(kv, reqs, log);
+            if !preempted {
+                self.admit_waiting(kv, reqs, log);
+            }
+            // A step that only preempted computes nothing: vLLM's next
+            // schedule() call runs at once and may admit.
+            if !self.step.is_empty() || !preempted {
+                break;
+            }
+        }
+        if self.step.is_empty() {
+            return None;
+        }
+        let (mut tokens, mut kv_tokens) = (0u64, 0u64);
+        for &(id, n) in &self.step {
+            tokens += n as u64;
+            kv_tokens += (reqs.req(id).computed + n) as u64;
+        }
+        let c = &self.cost;
+        Some(c.c0 + (c.omega + c.beta * kv_tokens as f64).max(tokens as f64 * c.a))
+    }
+
+    /// Step 1: running requests in admission order. Returns whether anyone
+    /// was preempted.
+    fn schedule_running(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> bool {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let r = reqs.req(id);
+            let n = (r.known_tokens() - r.computed).min(budget);
+            let mut scheduled = true;
+            loop {
+                let r = reqs.req(id);
+                let need = kv
+                    .blocks_for(r.computed + n)
+                    .saturating_sub(r.blocks.len() as u32);
+                if kv.allocate(need, &mut r.blocks) {
+                    cache_full_blocks(kv, r, r.computed + n);
+                    break;
+                }
+                // No room: preempt the most recently admitted request.
+                let victim = self.running.pop().expect("the request itself is running");
+                self.preempt(victim, kv, reqs, log);
+                preempted = true;
+                if victim == id {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            self.step.push((id, n));
+            budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    fn preempt(
+        &mut self,
+        id: Entity,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let r = reqs.req(id);
+        kv.free(&r.blocks);
+        r.blocks.clear();
+        r.computed = 0;
+        r.cached_blocks = 0;
+        r.preemptions += 1;
+        r.status = Status::Waiting;
+        // A remote request (KV arrived) recomputes locally: no second read.
+        self.waiting.push_front(id);
+        log.preempted.push(id);
+    }
+
+    /// Step 2: ready remote requests, then waiting ones, head-of-line.
+    fn admit_waiting(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let mut budget =
+            self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>();
+        let slots = self.cfg.max_num_seqs as usize;
+        let bs = kv.block_size();
+        while budget > 0 {
+            if let Some(&id) = self.ready.front() {
+                // KV read: needs a slot and one token of budget.
+                if self.running.len() >= slots {
+                    return;
+                }
+                self.ready.pop_front();
+                let r = reqs.req(id);
+                let n = (r.known_tokens() - r.computed).min(budget);
+                let need = kv
+                    .blocks_for(r.computed + n)
+                    .saturating_sub(r.blocks.len() as u32);
+                let ok = kv.allocate(need, &mut r.blocks);
+                debug_assert!(
+                    ok && need == 0,
+                    "a read request's whole prompt is allocated"
+                );
+                cache_full_blocks(kv, r, r.computed + n);
+                r.status = Status::Running;
+                self.running.push(id);
+                self.step.push((id, n));
+                budget -= n;
+                continue;
+            }
+            let Some(&id) = self.waiting.front() else {
+                return;
+            };
+            if self.running.len() >= slots {
+                return;
+            }
+            let r = reqs.req(id);
+            let known = r.known_tokens();
+            let hit_blocks = kv.cached_prefix_blocks(r.stream, reusable(known, bs) / bs);
+            let new_blocks = kv.blocks_for(known) - hit_blocks;
+            // Whole-prompt reservation (scheduler_reserve_full_isl): room for
+            // all known tokens beyond the hit, or nobody behind it is admitted.
+            if !kv.can_allocate_after_hit(r.stream, hit_blocks, new_blocks) {
+                return;
+            }
+            self.waiting.pop_front();
+            kv.touch_prefix(r.stream, hit_blocks, &mut r.blocks);
+            r.cached_blocks = hit_blocks;
+            let hit = hit_blocks * bs;
+            if r.prefix_hit.is_none() {
+                r.prefix_hit = Some(hit);
+            }
+            match r.kv_source {
+                KvSource::RemotePending => {
+                    // Park: whole prompt allocated, no slot, no budget.
+                    kv.allocate(new_blocks, &mut r.blocks);
+                    r.computed = hit;
+                    r.remote_tokens = r.prompt - hit;
+                    r.status = Status::Parked;
+                    self.parked += 1;
+                    log.parked.push(id);
+                }
+                KvSource::Delivered => {
+                    // Store-and-forward: the KV comes with the request; only
+                    // the last prompt token is computed here.
+                    kv.allocate(new_blocks, &mut r.blocks);
+                    r.kv_source = KvSource::RemoteArrived;
+                    r.computed = known - 1;
+                    cache_full_blocks(kv, r, known);
+                    r.status = Status::Running;
+                    self.running.push(id);
+                    self.step.push((id, 1));
+                    budget -= 1;
+                }
+                _ => {
+                    let chunk = (known - hit).min(budget);
+                    let need = kv.blocks_for(hit + chunk) - hit_blocks;
+                    let ok = kv.allocate(need, &mut r.blocks);
+                    debug_assert!(ok, "reserved above");
+                    r.computed = hit;
+                    cache_full_blocks(kv, r, hit + chunk);
+                    r.status = Status::Running;
+                    self.running.push(id);
+                    self.step.push((id, chunk));
+                    budget -= chunk;
+                }
+            }
+        }
+    }
+
+    /// Applies the step in progress at its end: tokens computed, tokens
+    /// sampled, legs finished. Finished decode legs free their blocks; a
+    /// finished prefill leg keeps them (its lease).
+    pub fn finish_step(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        self.busy_until = None;
+        self.dirty = true;
+        self.steps += 1;
+        let mut any_finished = false;
+        for &(id, n) in &self.step {
+            let r = reqs.req(id);
+            r.computed += n;
+            if r.computed < r.known_tokens() {
+                continue; // a prefill chunk that did not complete the prompt
+            }
+            r.generated += 1;
+            if r.generated == 1 {
+                log.first_tokens.push(id);
+                if r.leg == Leg::Decode {
+                    r.first_token_at = Some(now);
+                }
+            }
+            if r.generated >= r.max_tokens() {
+                any_finished = true;
+                log.finished.push(id);
+                match r.leg {
+                    Leg::Prefill => r.status = Status::PrefillDone,
+                    Leg::Decode => {
+                        r.status = Status::Finished;
+                        r.finished_at = Some(now);
+                        kv.free(&r.blocks);
+                        r.blocks.clear();
+                    }
+                }
+            }
+        }
+        if any_finished {
+            self.running
+                .retain(|&id| reqs.req(id).status == Status::Running);
+        }
+    }
+}
+
+fn cfg_slots(cfg: &EngineConfig) -> usize {
+    cfg.max_num_seqs.min(1024) as usize
+}
+
+/// Registers the request's full blocks up to `tokens` in the prefix cache
+/// (vLLM caches blocks as the tokens filling them are scheduled).
+pub fn cache_full_blocks(kv: &mut BlockPool, r: &mut Request, tokens: u32) {
+    let full = (tokens.min(r.known_tokens()) / kv.block_size()).min(r.blocks.len() as u32);
+    for k in r.cached_blocks..full {
+        kv.cache_block(
+            r.blocks[k as usize],
+            BlockKey {
+                stream: r.stream,
+                index: k,
+            },
+        );
+    }
+    r.cached_blocks = r.cached_blocks.max(full);
+}

@@ -1,0 +1,396 @@
+//! The KV pool of one instance: blocks, reference counts, the prefix cache and
+//! its LRU free queue (MODEL.md §5, vLLM's `BlockPool`).
+//!
+//! * A block is *held* while its reference count is above zero, *free cached*
+//!   when it is free but still registered under a content identity, else free.
+//! * Free blocks (cached or not) wait in one LRU queue; allocation pops its
+//!   front and evicts whatever identity the popped block had.
+//! * Requests free their blocks tail first, so the end of a prefix is evicted
+//!   before its start.
+//! * A hit on a free cached block takes it out of the queue.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+pub type BlockId = u32;
+
+/// Identity of a full block's content: block `index` of token stream `stream`
+/// (for the synthetic workload the stream is the session: MODEL.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockKey {
+    pub stream: u64,
+    pub index: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Block {
+    ref_cnt: u32,
+    key: Option<BlockKey>,
+    // Intrusive doubly linked free queue (NONE when not in the queue).
+    prev: u32,
+    next: u32,
+    in_queue: bool,
+}
+
+/// Multiplicative hasher for block keys: the default SipHash is several times
+/// slower and this map is on the admission path.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+}
+
+type KeyMap = HashMap<BlockKey, BlockId, BuildHasherDefault<KeyHasher>>;
+
+/// One instance's KV pool.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    block_size: u32,
+    blocks: Vec<Block>,
+    cached: KeyMap,
+    head: u32,
+    tail: u32,
+    num_free: u32,
+    /// Free blocks that still carry an identity (evictable cache).
+    num_free_cached: u32,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` empty blocks; the free queue starts in id order.
+    pub fn new(num_blocks: u32, block_size: u32) -> Self {
+        assert!(block_size > 0, "block size must be positive");
+        let blocks = (0..num_blocks)
+            .map(|i| Block {
+                ref_cnt: 0,
+                key: None,
+                prev: if i == 0 { NONE } else { i - 1 },
+                next: if i + 1 == num_blocks { NONE } else { i + 1 },
+                in_queue: true,
+            })
+            .collect();
+        BlockPool {
+            block_size,
+            blocks,
+            cached: KeyMap::default(),
+            head: if num_blocks == 0 { NONE } else { 0 },
+            tail: if num_blocks == 0 {
+                NONE
+            } else {
+                num_blocks - 1
+            },
+            num_free: num_blocks,
+            num_free_cached: 0,
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    pub fn num_blocks(&self) -> u32 {
+        self.blocks.len() as u32
+    }
+    /// Blocks in the free queue (free or free cached): what allocation can take.
+    pub fn num_free(&self) -> u32 {
+        self.num_free
+    }
+    /// Blocks some request or lease references.
+    pub fn num_held(&self) -> u32 {
+        self.num_blocks() - self.num_free
+    }
+    /// Blocks that are free but still findable by the prefix cache.
+    pub fn num_free_cached(&self) -> u32 {
+        self.num_free_cached
+    }
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.block_size)
+    }
+    /// Whether a block currently has identity `key`.
+    pub fn is_cached(&self, key: BlockKey) -> bool {
+        self.cached.contains_key(&key)
+    }
+    pub fn ref_count(&self, id: BlockId) -> u32 {
+        self.blocks[id as usize].ref_cnt
+    }
+
+    /// `cachedin`: the number of leading blocks of `stream` the pool has
+    /// cached (held or free cached), looking at no more than `max_blocks`.
+    pub fn cached_prefix_blocks(&self, stream: u64, max_blocks: u32) -> u32 {
+        let mut n = 0;
+        while n < max_blocks && self.cached.contains_key(&BlockKey { stream, index: n }) {
+            n += 1;
+        }
+        n
+    }
+
+    /// How many of the first `n` cached blocks of `stream` sit in the free
+    /// queue: a hit on them takes them out of it, so they do not count as
+    /// room for new blocks.
+    pub fn free_among_prefix(&self, stream: u64, n: u32) -> u32 {
+        (0..n)
+            .filter(|&index| {
+                let id = self.cached[&BlockKey { stream, index }];
+                self.blocks[id as usize].ref_cnt == 0
+            })
+            .count() as u32
+    }
+
+    /// Whether `new_blocks` fresh blocks can be allocated after a hit on the
+    /// first `hit_blocks` cached blocks of `stream`.
+    pub fn can_allocate_after_hit(&self, stream: u64, hit_blocks: u32, new_blocks: u32) -> bool {
+        new_blocks + self.free_among_prefix(stream, hit_blocks) <= self.num_free
+    }
+
+    /// Takes a reference on each of the first `n` cached blocks of `stream`
+    /// (which must be cached) and appends them to `table`.
+    pub fn touch_prefix(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
+        for index in 0..n {
+            let id = self.cached[&BlockKey { stream, index }];
+            self.take_ref(id);
+            table.push(id);
+        }
+    }
+
+    fn take_ref(&mut self, id: BlockId) {
+        if self.blocks[id as usize].in_queue {
+            self.unlink(id);
+            if self.blocks[id as usize].key.is_some() {
+                self.num_free_cached -= 1;
+            }
+        }
+        self.blocks[id as usize].ref_cnt += 1;
+    }
+
+    /// Allocates `n` blocks from the front of the free queue (evicting their
+    /// cached identities) and appends them to `table`. Returns false, changing
+    /// nothing, when fewer than `n` blocks are free.
+    pub fn allocate(&mut self, n: u32, table: &mut Vec<BlockId>) -> bool {
+        if n > self.num_free {
+            return false;
+        }
+        for _ in 0..n {
+            let id = self.head;
+            self.unlink(id);
+            if let Some(key) = self.blocks[id as usize].key.take() {
+                self.cached.remove(&key);
+                self.num_free_cached -= 1;
+            }
+            self.blocks[id as usize].ref_cnt = 1;
+            table.push(id);
+        }
+        true
+    }
+
+    /// Registers block `id` (full and computed) under `key`. A newer block
+    /// with the same content replaces the older one in the index, and the
+    /// older one loses its identity (it can no longer be found).
+    pub fn cache_block(&mut self, id: BlockId, key: BlockKey) {
+        if self.blocks[id as usize].key == Some(key) {
+            return;
+        }
+        debug_assert!(
+            self.blocks[id as usize].key.is_none(),
+            "block {id} already cached"
+        );
+        if let Some(old) = self.cached.insert(key, id) {
+            let b = &mut self.blocks[old as usize];
+            b.key = None;
+            if b.in_queue {
+                self.num_free_cached -= 1;
+            }
+        }
+        self.blocks[id as usize].key = Some(key);
+    }
+
+    /// Drops one reference on each block of `table`, tail first; blocks that
+    /// reach zero join the back of the free queue (keeping their identity).
+    pub fn free(&mut self, table: &[BlockId]) {
+        for &id in table.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                if block.key.is_some() {
+                    self.num_free_cached += 1;
+                }
+                self.push_back(id);
+            }
+        }
+    }
+
+    fn unlink(&mut self, id: BlockId) {
+        let (prev, next) = {
+            let b = &self.blocks[id as usize];
+            (b.prev, b.next)
+        };
+        if prev == NONE {
+            self.head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        let b = &mut self.blocks[id as usize];
+        b.prev = NONE;
+        b.next = NONE;
+        b.in_queue = false;
+        self.num_free -= 1;
+    }
+
+    fn push_back(&mut self, id: BlockId) {
+        let tail = self.tail;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = tail;
+            b.next = NONE;
+            b.in_queue = true;
+        }
+        if tail == NONE {
+            self.head = id;
+        } else {
+            self.blocks[tail as usize].next = id;
+        }
+        self.tail = id;
+        self.num_free += 1;
+    }
+
+    /// The free queue from front (next evicted) to back, for tests.
+    pub fn free_queue(&self) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        let mut id = self.head;
+        while id != NONE {
+            out.push(id);
+            id = self.blocks[id as usize].next;
+        }
+        out
+    }
+}
+
+/// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
+/// whole blocks only and never the last token (its logits must be computed).
+pub fn reusable(tokens: u32, block_size: u32) -> u32 {
+    if tokens == 0 {
+        return 0;
+    }
+    (tokens - 1) / block_size * block_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(stream: u64, index: u32) -> BlockKey {
+        BlockKey { stream, index }
+    }
+
+    #[test]
+    fn reusable_never_covers_the_last_token_or_a_partial_block() {
+        // block 16: 32 tokens -> the last token must be computed, so one block.
+        assert_eq!(reusable(32, 16), 16);
+        assert_eq!(reusable(33, 16), 32);
+        assert_eq!(reusable(16, 16), 0);
+        assert_eq!(reusable(1, 16), 0);
+        assert_eq!(reusable(0, 16), 0);
+        assert_eq!(reusable(47, 16), 32);
+    }
+
+    #[test]
+    fn allocation_pops_the_front_and_free_is_tail_first() {
+        let mut pool = BlockPool::new(4, 16);
+        let mut a = Vec::new();
+        assert!(pool.allocate(3, &mut a));
+        assert_eq!(a, vec![0, 1, 2]);
+        assert_eq!(pool.num_free(), 1);
+        assert_eq!(pool.num_held(), 3);
+        // Freed in reverse: 2 first, then 1, then 0 join the back after 3.
+        pool.free(&a);
+        assert_eq!(pool.free_queue(), vec![3, 2, 1, 0]);
+        assert!(!pool.allocate(5, &mut Vec::new()), "only 4 blocks exist");
+        assert_eq!(pool.num_free(), 4);
+    }
+
+    #[test]
+    fn eviction_takes_the_tail_of_a_prefix_first() {
+        // 3 blocks, a session caches blocks (s,0),(s,1),(s,2), then frees them.
+        let mut pool = BlockPool::new(3, 16);
+        let mut t = Vec::new();
+        pool.allocate(3, &mut t);
+        for (i, &b) in t.iter().enumerate() {
+            pool.cache_block(b, key(7, i as u32));
+        }
+        pool.free(&t);
+        assert_eq!(pool.cached_prefix_blocks(7, 10), 3);
+        assert_eq!(pool.num_free_cached(), 3);
+        // One new block evicts (7,2): the prefix shrinks to 2 blocks, not 0.
+        let mut u = Vec::new();
+        pool.allocate(1, &mut u);
+        assert_eq!(u, vec![2]);
+        assert_eq!(pool.cached_prefix_blocks(7, 10), 2);
+        assert!(!pool.is_cached(key(7, 2)));
+    }
+
+    #[test]
+    fn a_hit_on_a_free_cached_block_takes_it_out_of_the_queue() {
+        let mut pool = BlockPool::new(4, 16);
+        let mut t = Vec::new();
+        pool.allocate(2, &mut t);
+        pool.cache_block(t[0], key(1, 0));
+        pool.cache_block(t[1], key(1, 1));
+        pool.free(&t);
+        // Queue: 2, 3, 1, 0. Hitting both cached blocks leaves 2 free blocks,
+        // so 2 more fit but 3 do not.
+        assert!(pool.can_allocate_after_hit(1, 2, 2));
+        assert!(!pool.can_allocate_after_hit(1, 2, 3));
+        let mut table = Vec::new();
+        pool.touch_prefix(1, 2, &mut table);
+        assert_eq!(table, vec![0, 1]);
+        assert_eq!(pool.free_queue(), vec![2, 3]);
+        assert_eq!(pool.ref_count(0), 1);
+        // A second holder shares the blocks: reference counts go to 2.
+        let mut other = Vec::new();
+        pool.touch_prefix(1, 1, &mut other);
+        assert_eq!(pool.ref_count(0), 2);
+        pool.free(&other);
+        assert_eq!(pool.ref_count(0), 1);
+        assert_eq!(pool.num_free(), 2, "still held by the first table");
+    }
+
+    #[test]
+    fn a_newer_copy_replaces_the_index_entry_and_eviction_of_the_old_keeps_it() {
+        let mut pool = BlockPool::new(2, 4);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(1, &mut a);
+        pool.allocate(1, &mut b);
+        pool.cache_block(a[0], key(3, 0));
+        pool.cache_block(b[0], key(3, 0));
+        pool.free(&a);
+        // Reallocating block a evicts its identity but the index names b.
+        let mut c = Vec::new();
+        pool.allocate(1, &mut c);
+        assert_eq!(c, a);
+        assert!(pool.is_cached(key(3, 0)));
+        assert_eq!(pool.cached_prefix_blocks(3, 5), 1);
+        assert_eq!(pool.num_free_cached(), 0);
+        pool.free(&b);
+        assert_eq!(pool.num_free_cached(), 1);
+    }
+}

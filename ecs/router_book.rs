@@ -1,0 +1,193 @@
+//! The router's own bookkeeping, as llm-d keeps it (REFERENCES.md): what it
+//! sent where, counted from its own decisions, and an approximate prefix
+//! index that can be stale where a pod evicted.
+//!
+//! * In-flight requests and tokens per endpoint: incremented when the router
+//!   picks it; the prefill endpoint is released at its answer (first
+//!   response), the decode endpoint at the end of the stream.
+//! * Prefix index: per pod, an LRU of the block identities of the prompts
+//!   the router sent there, bounded to `capacity` blocks (0: off).
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
+
+use crate::kv::{BlockKey, KeyHasher};
+use crate::policy::Role;
+
+#[derive(Default, Clone, Copy, Debug)]
+struct InFlight {
+    requests: u64,
+    tokens: u64,
+}
+
+/// A bounded LRU set of block identities (one per pod).
+#[derive(Debug, Default)]
+struct PrefixLru {
+    stamp_of: HashMap<BlockKey, u64, BuildHasherDefault<KeyHasher>>,
+    /// (key, stamp) in use order; entries whose stamp is no longer the key's
+    /// current one are stale and skipped.
+    order: VecDeque<(BlockKey, u64)>,
+    clock: u64,
+}
+
+impl PrefixLru {
+    fn touch(&mut self, key: BlockKey, capacity: usize) {
+        self.clock += 1;
+        self.stamp_of.insert(key, self.clock);
+        self.order.push_back((key, self.clock));
+        while self.stamp_of.len() > capacity {
+            let (k, s) = self.order.pop_front().expect("entries exist");
+            if self.stamp_of.get(&k) == Some(&s) {
+                self.stamp_of.remove(&k);
+            }
+        }
+        // Keep stale entries from piling up.
+        if self.order.len() > 2 * capacity.max(16) {
+            let stamp_of = &self.stamp_of;
+            self.order.retain(|(k, s)| stamp_of.get(k) == Some(s));
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct RouterBook {
+    prefill: Vec<InFlight>,
+    decode: Vec<InFlight>,
+    /// Blocks per pod in the approximate prefix index (0: no index).
+    capacity: usize,
+    block_size: u32,
+    prefill_index: Vec<PrefixLru>,
+    decode_index: Vec<PrefixLru>,
+}
+
+impl RouterBook {
+    pub fn new(
+        num_prefill: usize,
+        num_decode: usize,
+        index_blocks: u32,
+        block_size: u32,
+    ) -> RouterBook {
+        RouterBook {
+            prefill: vec![InFlight::default(); num_prefill],
+            decode: vec![InFlight::default(); num_decode],
+            capacity: index_blocks as usize,
+            block_size,
+            prefill_index: (0..num_prefill).map(|_| PrefixLru::default()).collect(),
+            decode_index: (0..num_decode).map(|_| PrefixLru::default()).collect(),
+        }
+    }
+
+    /// (requests, tokens) the router believes are in flight on a pod.
+    pub fn in_flight(&self, role: Role, index: u32) -> (u64, u64) {
+        let f = match role {
+            Role::Prefill => self.prefill[index as usize],
+            Role::Decode => self.decode[index as usize],
+        };
+        (f.requests, f.tokens)
+    }
+
+    /// The index's estimate of the request's cached prefix on a pod, in
+    /// tokens, at most `max_tokens`.
+    pub fn cached_tokens(
+        &self,
+        role: Role,
+        index: u32,
+        stream: u64,
+        max_tokens: u32,
+        bs: u32,
+    ) -> u32 {
+        if self.capacity == 0 {
+            return 0;
+        }
+        let lru = match role {
+            Role::Prefill => &self.prefill_index[index as usize],
+            Role::Decode => &self.decode_index[index as usize],
+        };
+        let mut n = 0;
+        while (n + 1) * bs <= max_tokens
+            && lru.stamp_of.contains_key(&BlockKey { stream, index: n })
+        {
+            n += 1;
+        }
+        n * bs
+    }
+
+    /// The router picked decoder `d` (and prefiller `p`) for a prompt.
+    pub fn routed(&mut self, d: u32, p: Option<u32>, prompt: u32, stream: u64) {
+        let f = &mut self.decode[d as usize];
+        f.requests += 1;
+        f.tokens += prompt as u64;
+        if let Some(p) = p {
+            let f = &mut self.prefill[p as usize];
+            f.requests += 1;
+            f.tokens += prompt as u64;
+        }
+        if self.capacity > 0 {
+            let blocks = prompt / self.block_size;
+            for k in 0..blocks {
+                let key = BlockKey { stream, index: k };
+                self.decode_index[d as usize].touch(key, self.capacity);
+                if let Some(p) = p {
+                    self.prefill_index[p as usize].touch(key, self.capacity);
+                }
+            }
+        }
+    }
+
+    /// The prefiller answered: its in-flight request is released.
+    pub fn prefill_answered(&mut self, p: u32, prompt: u32) {
+        let f = &mut self.prefill[p as usize];
+        f.requests -= 1;
+        f.tokens -= prompt as u64;
+    }
+
+    /// The decode stream ended.
+    pub fn decode_finished(&mut self, d: u32, prompt: u32) {
+        let f = &mut self.decode[d as usize];
+        f.requests -= 1;
+        f.tokens -= prompt as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_counts_follow_the_routers_own_decisions() {
+        let mut b = RouterBook::new(2, 2, 0, 16);
+        b.routed(1, Some(0), 100, 7);
+        b.routed(1, None, 50, 8);
+        assert_eq!(b.in_flight(Role::Decode, 1), (2, 150));
+        assert_eq!(b.in_flight(Role::Prefill, 0), (1, 100));
+        b.prefill_answered(0, 100);
+        assert_eq!(b.in_flight(Role::Prefill, 0), (0, 0));
+        b.decode_finished(1, 100);
+        assert_eq!(b.in_flight(Role::Decode, 1), (1, 50));
+    }
+
+    #[test]
+    fn the_prefix_index_is_bounded_and_forgets_least_recently_sent_blocks() {
+        // Capacity 4 blocks of 16 tokens.
+        let mut b = RouterBook::new(1, 1, 4, 16);
+        b.routed(0, None, 50, 1); // blocks (1,0..3): 3 full blocks
+        assert_eq!(b.cached_tokens(Role::Decode, 0, 1, 1000, 16), 48);
+        assert_eq!(
+            b.cached_tokens(Role::Decode, 0, 1, 40, 16),
+            32,
+            "capped by the request's reusable prefix"
+        );
+        b.routed(0, None, 32, 2); // 2 blocks of stream 2: evicts (1,0)
+        assert_eq!(
+            b.cached_tokens(Role::Decode, 0, 1, 1000, 16),
+            0,
+            "prefix start forgotten"
+        );
+        assert_eq!(b.cached_tokens(Role::Decode, 0, 2, 1000, 16), 32);
+        assert_eq!(
+            b.cached_tokens(Role::Prefill, 0, 2, 1000, 16),
+            0,
+            "never sent to the prefiller"
+        );
+    }
+}
