@@ -19,8 +19,9 @@ pub enum RouterMode {
     /// The scenario's scripts decide (the normal case).
     Scripts(Box<Policies>),
     /// No router: every request goes to decoder 0, prefilled on prefiller 0
-    /// when `remote` (replays of one engine or one P/D pair).
-    Direct { remote: bool },
+    /// when its trace entry says `remote` (replays of one engine or one P/D
+    /// pair, mechanism tests).
+    Direct,
 }
 
 #[derive(Resource)]
@@ -162,8 +163,8 @@ fn route(
 ) -> Result<(Entity, Option<Entity>), Error> {
     let r = reqs.get(id).expect("request at the gateway");
     let policies = match &mut router.mode {
-        RouterMode::Direct { remote } => {
-            return Ok((index.decode[0], remote.then(|| index.prefill[0])));
+        RouterMode::Direct => {
+            return Ok((index.decode[0], r.trace_remote.then(|| index.prefill[0])));
         }
         RouterMode::Scripts(p) => p,
     };

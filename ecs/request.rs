@@ -88,6 +88,8 @@ pub struct Request {
     /// Tokens read over the network (remote only).
     pub remote_tokens: u32,
     pub lease: Option<Entity>,
+    /// Trace requests routed without a router: prefill remotely?
+    pub trace_remote: bool,
 }
 
 impl Request {
@@ -120,6 +122,7 @@ impl Request {
             finished_at: None,
             remote_tokens: 0,
             lease: None,
+            trace_remote: false,
         }
     }
 

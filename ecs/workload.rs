@@ -95,6 +95,8 @@ pub struct TraceRequest {
     pub output: u32,
     /// Requests of one stream share prefixes; `None`: shares nothing.
     pub stream: Option<u64>,
+    /// Without a router (direct mode): prefill on prefiller 0?
+    pub remote: bool,
 }
 
 /// Workload state: the arrival stream, counters, and the current parameters
@@ -195,6 +197,7 @@ pub fn workload_system(
         let stream = t.stream.unwrap_or(LONE_STREAM_BASE + i as u64);
         let mut r = Request::new(i as u64, stream, t.prompt, t.output, now);
         r.phase = phase.0;
+        r.trace_remote = t.remote;
         let id = commands.spawn(r).id();
         gateway.queue.push(id);
     }

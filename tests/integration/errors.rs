@@ -1,0 +1,196 @@
+//! Bad input gets a clear error naming what is wrong, never a panic.
+
+use pdsim::scenario;
+use std::path::{Path, PathBuf};
+
+/// A scratch folder with a copy of the tiny scenario whose scripts live
+/// beside it, so a test can break one script.
+fn sandbox(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdsim-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("scripts")).unwrap();
+    for f in std::fs::read_dir("scripts").unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join("scripts").join(f.file_name().unwrap())).unwrap();
+    }
+    let text = std::fs::read_to_string("tests/scenarios/tiny.ron")
+        .unwrap()
+        .replace("../../scripts/", "scripts/");
+    std::fs::write(dir.join("s.ron"), text).unwrap();
+    dir
+}
+
+fn run(dir: &Path, sets: &[&str]) -> String {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    pdsim::run_scenario(&dir.join("s.ron"), &sets)
+        .expect_err("the run must fail")
+        .to_string()
+}
+
+#[test]
+fn a_ron_typo_names_file_line_column_and_field() {
+    let dir = sandbox("typo");
+    let path = dir.join("s.ron");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "max_num_seqs: 4, num_gpu_blocks: 64",
+        "max_num_seqs: 4, num_gpu_blokcs: 64",
+    );
+    std::fs::write(&path, &text).unwrap();
+    let line = text
+        .lines()
+        .position(|l| l.contains("num_gpu_blokcs"))
+        .unwrap()
+        + 1;
+    let err = scenario::load(&path, &[]).unwrap_err().to_string();
+    assert!(err.contains(&format!("s.ron:{line}:")), "{err}");
+    assert!(
+        err.contains("num_gpu_blokcs") && err.contains("prefill.engine"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_script_names_the_script() {
+    let dir = sandbox("missing");
+    std::fs::remove_file(dir.join("scripts/token-load-scorer.rhai")).unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("token-load-scorer.rhai") && err.contains("cannot read script"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_script_syntax_error_names_the_script_and_line() {
+    let dir = sandbox("syntax");
+    std::fs::write(
+        dir.join("scripts/prefix-based-pd-decider.rhai"),
+        "// a decider\nfn decide(req, pod) {\n    req.prompt_tokens >=\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("prefix-based-pd-decider.rhai")
+            && err.contains("line 4")
+            && err.contains("syntax error"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_undefined_variable_is_a_compile_error_with_its_line() {
+    let dir = sandbox("strict");
+    std::fs::write(
+        dir.join("scripts/prefix-based-pd-decider.rhai"),
+        "fn decide(req, pod) {\n    req.prompt_tokens > treshold\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(err.contains("line 2") && err.contains("treshold"), "{err}");
+}
+
+#[test]
+fn a_script_runtime_error_names_script_hook_line_and_request() {
+    let dir = sandbox("runtime");
+    std::fs::write(
+        dir.join("scripts/active-request-scorer.rhai"),
+        "fn score(req, pod) {\n    let x = 1;\n    x / (pod.active - pod.active)\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("active-request-scorer.rhai")
+            && err.contains("hook `score`")
+            && err.contains("line 3"),
+        "{err}"
+    );
+    assert!(err.contains("while routing request 0"), "{err}");
+}
+
+#[test]
+fn a_script_that_loops_forever_is_stopped() {
+    let dir = sandbox("loop");
+    std::fs::write(
+        dir.join("scripts/prefix-based-pd-decider.rhai"),
+        "fn decide(req, pod) {\n    loop { }\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("hook `decide`") && err.contains("operations"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
+    let dir = sandbox("types");
+    std::fs::write(
+        dir.join("scripts/prefix-based-pd-decider.rhai"),
+        "fn decide(req, pod) {\n    42\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("must return a bool") && err.contains("hook `decide`"),
+        "{err}"
+    );
+    let dir = sandbox("pick");
+    std::fs::write(
+        dir.join("scripts/max-score-picker.rhai"),
+        "fn pick(req, pods, scores) {\n    pods.len()\n}\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("hook `pick`") && err.contains("index 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_hook_is_refused_at_load() {
+    let dir = sandbox("hook");
+    std::fs::write(
+        dir.join("scripts/token-load-scorer.rhai"),
+        "fn scor(req, pod) { 1.0 }\n",
+    )
+    .unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("token-load-scorer.rhai") && err.contains("fn score(req, pod)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn impossible_scenarios_are_refused_before_the_run() {
+    let dir = sandbox("impossible");
+    let cases = [
+        (
+            "decode.engine.num_gpu_blocks=15",
+            "smaller than max_model_len",
+        ),
+        ("workload.session_rate=0", "session_rate must be positive"),
+        (
+            "workload.session_rate=-0.5",
+            "session_rate must be positive",
+        ),
+        ("prefill.count=0", "prefill.count must be at least 1"),
+        ("decode.nic.tokens_per_s=0", "tokens_per_s must be positive"),
+        ("transfer.latency=-1", "transfer.latency"),
+        ("warmup=200", "warmup must be"),
+        (
+            "decode.engine.block_size=0",
+            "block_size must be at least 1",
+        ),
+    ];
+    for (set, expected) in cases {
+        let err = run(&dir, &[set]);
+        assert!(err.contains(expected), "--set {set}: {err}");
+        assert!(err.contains("refused") || err.contains("--set"), "{err}");
+    }
+    // A negative count cannot even be written into an unsigned field.
+    let err = run(&dir, &["decode.count=-2"]);
+    assert!(err.contains("decode.count"), "{err}");
+}

@@ -1,0 +1,6 @@
+//! Integration tests: one binary, one module per concern.
+
+mod common;
+mod errors;
+mod mechanisms;
+mod runs;
