@@ -24,8 +24,9 @@ pub enum Event {
     ReadStart(Entity),
     /// The earliest flow completion computed at allocation `generation`.
     FlowDone { generation: u64 },
-    /// An engine's step ends.
-    StepEnd(Entity),
+    /// An engine's step ends (stale when the engine's step generation moved
+    /// on: a run of repeated steps was cut short).
+    StepEnd(Entity, u64),
 }
 
 impl Event {
@@ -35,7 +36,7 @@ impl Event {
             Event::Phase(_) => 0,
             Event::SessionArrival | Event::NextTurn(_) | Event::TraceArrival(_) => 1,
             Event::ReadStart(_) | Event::FlowDone { .. } => 3,
-            Event::StepEnd(_) => 4,
+            Event::StepEnd(..) => 4,
         }
     }
 }
@@ -119,10 +120,10 @@ mod tests {
         let mut a = Agenda::default();
         let e = Entity::from_raw_u32(7).unwrap();
         a.schedule(2.0, Event::SessionArrival);
-        a.schedule(1.0, Event::StepEnd(e));
+        a.schedule(1.0, Event::StepEnd(e, 0));
         a.schedule(1.0, Event::ReadStart(e));
         a.schedule(1.0, Event::NextTurn(e));
-        a.schedule(1.0, Event::StepEnd(Entity::from_raw_u32(8).unwrap()));
+        a.schedule(1.0, Event::StepEnd(Entity::from_raw_u32(8).unwrap(), 0));
         assert_eq!(a.next_time(), Some(1.0));
         let got: Vec<Event> = std::iter::from_fn(|| a.pop_at(1.0)).collect();
         assert_eq!(
@@ -130,8 +131,8 @@ mod tests {
             vec![
                 Event::NextTurn(e),
                 Event::ReadStart(e),
-                Event::StepEnd(e),
-                Event::StepEnd(Entity::from_raw_u32(8).unwrap())
+                Event::StepEnd(e, 0),
+                Event::StepEnd(Entity::from_raw_u32(8).unwrap(), 0)
             ]
         );
         assert_eq!(a.pop_at(1.0), None);

@@ -13,6 +13,18 @@
 //! Applying a step (at its end) advances computed tokens, samples a token for
 //! every request whose known tokens are all computed, and finishes requests
 //! that reached `max_tokens`.
+//!
+//! **Repeated decode steps (an exact shortcut).** When a step only decodes
+//! and nothing was preempted, the steps that follow are the same step again
+//! — same requests, one token each, no admission possible (no KV is freed,
+//! no slot frees) — until a request needs a new block or finishes, or
+//! something reaches the engine. Such a run is booked as one step of
+//! `repeat` identical steps; each step's end time is computed exactly as the
+//! step-by-step simulation would (`t += cost(kv)` with kv growing by one
+//! token per request per step). If a request reaches the engine during the
+//! run, the run is cut at the first step boundary at or after that instant
+//! ([`Engine::cut_run`]), so the newcomer is seen exactly when it would
+//! have been.
 
 use bevy_ecs::prelude::*;
 use std::collections::VecDeque;
@@ -80,6 +92,16 @@ pub struct Engine {
     pub dirty: bool,
     /// Steps run so far.
     pub steps: u64,
+    /// The step in progress stands for this many identical decode steps.
+    pub repeat: u32,
+    /// When the step in progress (the first of a run) started, and its KV
+    /// tokens (for recomputing the run's step boundaries).
+    pub step_start: f64,
+    step_kv: u64,
+    /// Bumped whenever the booked end of the step in progress changes.
+    pub generation: u64,
+    /// Whether runs of identical decode steps may be booked as one.
+    pub repeat_steps: bool,
 }
 
 impl Engine {
@@ -97,6 +119,11 @@ impl Engine {
             busy_until: None,
             dirty: false,
             steps: 0,
+            repeat: 1,
+            step_start: 0.0,
+            step_kv: 0,
+            generation: 0,
+            repeat_steps: true,
         }
     }
 
@@ -136,9 +163,97 @@ impl Engine {
             .sum()
     }
 
-    /// Forms the next step. Returns its duration, or None when nothing can be
-    /// computed now (the engine stays idle until something changes).
-    pub fn form_step(
+    /// Forms the next step at `now`. Returns when it ends (the end of the
+    /// whole run, when it repeats), or None when nothing can be computed now
+    /// (the engine stays idle until something changes).
+    pub fn start_step(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> Option<f64> {
+        let duration = self.form_step(kv, reqs, log)?;
+        self.step_start = now;
+        self.repeat = 1;
+        let mut end = now + duration;
+        if self.repeat_steps && log.preempted.is_empty() {
+            let repeat = self.repeatable(kv, reqs);
+            if repeat > 1 {
+                self.repeat = repeat;
+                end = self.run_boundary(repeat);
+            }
+        }
+        self.busy_until = Some(end);
+        self.generation += 1;
+        Some(end)
+    }
+
+    /// The cost of one step of `tokens` tokens over `kv_tokens` of KV.
+    fn cost_of(&self, tokens: u64, kv_tokens: u64) -> f64 {
+        let c = &self.cost;
+        c.c0 + (c.omega + c.beta * kv_tokens as f64).max(tokens as f64 * c.a)
+    }
+
+    /// How many times the step just formed can run identically: 1 unless it
+    /// only decodes; then until a request would need a new block (that step
+    /// must be formed for real) or finishes (the last step of the run).
+    fn repeatable(&self, kv: &BlockPool, reqs: &mut impl RequestStore) -> u32 {
+        const MAX_RUN: u32 = 1 << 16;
+        let bs = kv.block_size();
+        let mut repeat = MAX_RUN;
+        for &(id, n) in &self.step {
+            let r = reqs.req(id);
+            if n != 1 || r.computed + 1 != r.known_tokens() || r.generated == 0 {
+                return 1; // a prefill chunk: not a pure decode step
+            }
+            // Step j (from 0) fits in the blocks held while computed + j + 1
+            // fits; the run must not go past the step that finishes it.
+            let fit = r.blocks.len() as u32 * bs - r.computed;
+            let until_finish = r.max_tokens() - r.generated;
+            repeat = repeat.min(fit).min(until_finish);
+        }
+        repeat
+    }
+
+    /// End time of the `k`-th step of the run that started at `step_start`,
+    /// computed exactly as step-by-step simulation would.
+    fn run_boundary(&self, k: u32) -> f64 {
+        let tokens = self.step.len() as u64;
+        let mut t = self.step_start;
+        for j in 0..k as u64 {
+            t += self.cost_of(tokens, self.step_kv + j * tokens);
+        }
+        t
+    }
+
+    /// Something reached the engine at `now` during a run of repeated steps:
+    /// cut the run at the first step boundary at or after `now`. Returns the
+    /// new end when it changed.
+    pub fn cut_run(&mut self, now: f64) -> Option<f64> {
+        if self.repeat <= 1 || self.busy_until.is_none() {
+            return None;
+        }
+        let tokens = self.step.len() as u64;
+        let mut t = self.step_start;
+        for j in 0..self.repeat as u64 {
+            t += self.cost_of(tokens, self.step_kv + j * tokens);
+            if t >= now {
+                let k = j as u32 + 1;
+                if k == self.repeat {
+                    return None;
+                }
+                self.repeat = k;
+                self.busy_until = Some(t);
+                self.generation += 1;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// Forms the next step's composition. Returns one step's duration.
+    fn form_step(
         &mut self,
         kv: &mut BlockPool,
         reqs: &mut impl RequestStore,
@@ -165,8 +280,8 @@ impl Engine {
             tokens += n as u64;
             kv_tokens += (reqs.req(id).computed + n) as u64;
         }
-        let c = &self.cost;
-        Some(c.c0 + (c.omega + c.beta * kv_tokens as f64).max(tokens as f64 * c.a))
+        self.step_kv = kv_tokens;
+        Some(self.cost_of(tokens, kv_tokens))
     }
 
     /// Step 1: running requests in admission order. Returns whether anyone
@@ -339,10 +454,21 @@ impl Engine {
     ) {
         self.busy_until = None;
         self.dirty = true;
-        self.steps += 1;
+        let repeat = self.repeat;
+        self.steps += repeat as u64;
+        self.repeat = 1;
         let mut any_finished = false;
         for &(id, n) in &self.step {
             let r = reqs.req(id);
+            if repeat > 1 {
+                // A run of decode steps: one token computed and one sampled
+                // per step; none finished before the last (see repeatable).
+                // Blocks filled during the run are cached as the steps'
+                // formations would have cached them.
+                r.computed += repeat - 1;
+                r.generated += repeat - 1;
+                cache_full_blocks(kv, r, r.computed + n);
+            }
             r.computed += n;
             if r.computed < r.known_tokens() {
                 continue; // a prefill chunk that did not complete the prompt

@@ -84,7 +84,7 @@ pub struct TickEvents {
     pub trace_arrivals: Vec<u32>,
     pub read_starts: Vec<Entity>,
     pub flow_done: Vec<u64>,
-    pub step_ends: Vec<Entity>,
+    pub step_ends: Vec<(Entity, u64)>,
 }
 
 impl TickEvents {
@@ -106,7 +106,7 @@ impl TickEvents {
             Event::TraceArrival(i) => self.trace_arrivals.push(i),
             Event::ReadStart(r) => self.read_starts.push(r),
             Event::FlowDone { generation } => self.flow_done.push(generation),
-            Event::StepEnd(e) => self.step_ends.push(e),
+            Event::StepEnd(e, generation) => self.step_ends.push((e, generation)),
         }
     }
 }
@@ -186,8 +186,11 @@ pub fn step_end_system(
     mut finished: Option<ResMut<FinishedRequests>>,
 ) {
     let now = clock.now;
-    for &e in &events.step_ends {
+    for &(e, generation) in &events.step_ends {
         let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
+        if engine.generation != generation {
+            continue; // a run of repeated steps was cut short: booked anew
+        }
         let log = &mut scratch.log;
         log.clear();
         engine.finish_step(now, &mut kv.0, &mut reqs, log);
@@ -226,18 +229,37 @@ pub fn step_start_system(
     let now = clock.now;
     for &e in index.prefill.iter().chain(&index.decode) {
         let (_, mut engine, mut kv) = engines.get_mut(e).expect("engine");
-        if !engine.dirty || !engine.is_idle() {
+        if !engine.dirty {
             continue;
         }
         let log = &mut scratch.log;
         log.clear();
-        let duration = engine.form_step(&mut kv.0, &mut reqs, log);
+        if !engine.is_idle() {
+            // Something reached an engine running repeated decode steps:
+            // cut the run at the first step boundary at or after now.
+            match engine.cut_run(now) {
+                Some(end) if end > now => {
+                    let generation = engine.generation;
+                    agenda.schedule(end, Event::StepEnd(e, generation));
+                    continue;
+                }
+                Some(_) => {
+                    // The boundary is now: end the run here and form the next
+                    // step at once, as the step-by-step tick would.
+                    engine.finish_step(now, &mut kv.0, &mut reqs, log);
+                    debug_assert!(log.finished.is_empty() && log.first_tokens.is_empty());
+                    log.clear();
+                }
+                None => continue,
+            }
+        }
+        let end = engine.start_step(now, &mut kv.0, &mut reqs, log);
         for &id in &log.parked {
             agenda.schedule(now + flows.latency, Event::ReadStart(id));
         }
-        if let Some(d) = duration {
-            engine.busy_until = Some(now + d);
-            agenda.schedule(now + d, Event::StepEnd(e));
+        if let Some(end) = end {
+            let generation = engine.generation;
+            agenda.schedule(end, Event::StepEnd(e, generation));
             if let Some(rec) = recorder.as_deref_mut() {
                 let scheduled = engine
                     .step
@@ -248,7 +270,7 @@ pub fn step_start_system(
                 rec.steps.push(StepRecord {
                     engine: e,
                     start: now,
-                    end: now + d,
+                    end,
                     scheduled,
                     preempted,
                     kv_blocks_held: kv.0.num_held(),
@@ -501,10 +523,26 @@ impl Sim {
         self.schedule.add_systems(systems);
     }
 
-    /// Records every step formed and every finished request (replays, tests).
+    /// Records every step formed and every finished request (replays,
+    /// tests). Steps are recorded one by one: runs of repeated decode steps
+    /// are not merged.
     pub fn record(&mut self) {
+        self.set_step_repeats(false);
         self.world.insert_resource(StepRecorder::default());
+        self.record_requests();
+    }
+
+    /// Keeps every finished request (its times, hits, preemptions).
+    pub fn record_requests(&mut self) {
         self.world.insert_resource(FinishedRequests::default());
+    }
+
+    /// Whether engines may book runs of identical decode steps as one
+    /// (an exact shortcut, on by default).
+    pub fn set_step_repeats(&mut self, on: bool) {
+        for mut e in self.world.query::<&mut Engine>().iter_mut(&mut self.world) {
+            e.repeat_steps = on;
+        }
     }
 
     /// Runs ticks until the horizon (or until nothing is left to happen).

@@ -381,3 +381,61 @@ fn store_and_forward_decouples_the_prefiller_nixl_does_not() {
         assert!(start_of(k) >= sf_small.req(k - 2).read_done_at.unwrap() - EPS);
     }
 }
+
+/// The exact shortcut: booking runs of identical decode steps as one changes
+/// no request's times — bit for bit — on a busy multi-turn workload.
+#[test]
+fn repeated_decode_steps_give_the_same_times_as_step_by_step() {
+    let sets: Vec<String> = [
+        "horizon=60",
+        "workload.session_rate=2",
+        "workload.output_tokens_mean=40",
+        "decode.engine.num_gpu_blocks=48",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let sc =
+        pdsim::scenario::load(std::path::Path::new("tests/scenarios/tiny.ron"), &sets).unwrap();
+    let run = |repeats: bool| {
+        let mut sim = pdsim::Sim::new(&sc).unwrap();
+        sim.set_step_repeats(repeats);
+        sim.record_requests();
+        let report = sim.run().unwrap();
+        let done = sim
+            .world
+            .remove_resource::<pdsim::sim::FinishedRequests>()
+            .unwrap()
+            .0;
+        let times: Vec<(u64, f64, f64, u32, u32)> = done
+            .iter()
+            .map(|r| {
+                (
+                    r.id,
+                    r.first_token_at.unwrap(),
+                    r.finished_at.unwrap(),
+                    r.preemptions,
+                    r.prefix_hit.unwrap(),
+                )
+            })
+            .collect();
+        (times, report)
+    };
+    let (step_by_step, slow) = run(false);
+    let (repeated, fast) = run(true);
+    assert!(
+        step_by_step.len() > 50,
+        "a busy workload: {} requests",
+        step_by_step.len()
+    );
+    assert!(step_by_step.iter().any(|t| t.3 > 0), "with preemptions");
+    assert_eq!(step_by_step, repeated);
+    assert_eq!(slow.steps, fast.steps, "the same number of engine steps");
+    assert!(
+        fast.ticks < slow.ticks,
+        "fewer ticks: {} vs {}",
+        fast.ticks,
+        slow.ticks
+    );
+    assert_eq!(slow.observations, fast.observations);
+}
