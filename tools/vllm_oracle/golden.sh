@@ -3,7 +3,7 @@
 # oracle (run setup.sh first). With --check, only reports which outputs differ.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-golden="$here/../../tests/golden"
+golden="$(cd "$here/../../tests/golden" && pwd)"
 status=0
 for trace in "$golden"/*.json; do
   case "$trace" in *.vllm.json) continue ;; esac

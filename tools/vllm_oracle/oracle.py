@@ -142,19 +142,27 @@ class Engine:
         return out
 
     def iterate(self, t, on_park):
-        """Engine idle at t: form a step now if there is anything to schedule."""
+        """Engine idle at t: form a step now if there is anything to schedule.
+
+        Like EngineCore's busy loop, schedule() is called again at once after
+        a call that scheduled nothing but changed something (delivered a
+        finished transfer, preempted, parked): only a call that schedules
+        tokens is a step and takes time."""
         self.wake = False
+        preempted = self.pending_preempted
         while True:
             while self.pending and self.pending[0][0] <= t:
                 self.sched.add_request(self.pending.pop(0)[1])
             self.preempt_log = []
             so = self.sched.schedule()
+            parked = False
             for rid, req in self.sched.requests.items():
                 if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in self.remote:
                     hit, count = self.matched[rid]
                     self.remote[rid] = {"parked_time": t, "local_hit": hit, "remote_tokens": count}
                     on_park(rid, t, count)
-            preempted = self.pending_preempted + self.preempt_log
+                    parked = True
+            preempted = preempted + self.preempt_log
             if so.total_num_scheduled_tokens > 0:
                 self.pending_preempted = []
                 self._start_step(so, t, preempted)
@@ -162,12 +170,13 @@ class Engine:
             # Zero tokens: not a step. The real engine still runs a no-forward
             # execute_model and update_from_output, which is where the worker's
             # finished_recving / finished_sending reach the scheduler.
-            self.pending_preempted = preempted
             kv = self._kv_output()
             self.sched.update_from_output(so, ModelRunnerOutput(
                 req_ids=[], req_id_to_index={}, kv_connector_output=kv))
-            if kv is None:
-                return  # idle until an arrival, a finished read or a lease end
+            if kv is None and not self.preempt_log and not parked:
+                # Idle until an arrival, a finished read or a lease end.
+                self.pending_preempted = preempted
+                return
 
     def _start_step(self, so, t, preempted):
         sched = self.sched
