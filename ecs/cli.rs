@@ -70,6 +70,12 @@ pub enum Command {
         /// Also write the report as JSON to this file (atomically).
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Also draw SVG figures into this folder: time series and CDFs.
+        #[arg(long, value_name = "DIR")]
+        plots: Option<PathBuf>,
+        /// Time-series sampling interval, simulated seconds (with --plots).
+        #[arg(long, value_name = "S", default_value_t = 1.0)]
+        sample_interval: f64,
     },
     /// Validate a scenario and compile its scripts without running it.
     Check {
@@ -77,6 +83,11 @@ pub enum Command {
         #[command(flatten)]
         opts: RunOptions,
     },
+    /// Run a scenario over a grid of parameters × seeds, in parallel;
+    /// summarise each point (median over seeds and range). Resumable.
+    Sweep(crate::sweep::SweepArgs),
+    /// Combine the out dirs of a sharded sweep into one, with its summary.
+    Merge(crate::sweep::MergeArgs),
 }
 
 /// Simulated time of the tick in progress, for log timestamps.
@@ -129,9 +140,14 @@ fn execute(command: Command) -> Result<()> {
             scenario,
             opts,
             json,
+            plots,
+            sample_interval,
         } => {
             let sc = scenario::load(&scenario, &opts.overrides())?;
-            let report = Sim::new(&sc)?.run()?;
+            let report = match &plots {
+                Some(dir) => crate::plots::run_with_plots(&sc, dir, sample_interval)?,
+                None => Sim::new(&sc)?.run()?,
+            };
             print!("{}", report.to_text());
             if let Some(path) = json {
                 write_atomic(&path, &report.to_json())?;
@@ -154,6 +170,31 @@ fn execute(command: Command) -> Result<()> {
                 r.phases.len()
             );
             let _ = Hook::Decide;
+            Ok(())
+        }
+        Command::Sweep(args) => {
+            use std::io::IsTerminal as _;
+            let wall = std::time::Instant::now();
+            let done = crate::sweep::sweep(&args, std::io::stderr().is_terminal())?;
+            print!("{}", done.to_text());
+            println!(
+                "{} runs, {} already done; wall {:.1} s; written to {}",
+                done.ran,
+                done.skipped,
+                wall.elapsed().as_secs_f64(),
+                done.out.display()
+            );
+            Ok(())
+        }
+        Command::Merge(args) => {
+            let done = crate::sweep::merge(&args)?;
+            print!("{}", done.to_text());
+            println!(
+                "merged {} runs ({} copied) into {}",
+                done.total,
+                done.ran,
+                done.out.display()
+            );
             Ok(())
         }
     }

@@ -22,6 +22,7 @@ pub mod error;
 pub mod gateway;
 pub mod kv;
 pub mod metrics;
+pub mod plots;
 pub mod policy;
 pub mod report;
 pub mod request;
@@ -29,6 +30,7 @@ pub mod router_book;
 pub mod scenario;
 pub mod sharing;
 pub mod sim;
+pub mod sweep;
 pub mod transfer;
 pub mod workload;
 

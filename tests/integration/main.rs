@@ -4,3 +4,4 @@ mod common;
 mod errors;
 mod mechanisms;
 mod runs;
+mod sweep;
