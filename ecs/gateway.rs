@@ -28,6 +28,9 @@ pub enum RouterMode {
 pub struct Router {
     pub mode: RouterMode,
     pub book: RouterBook,
+    /// Requests routed and wall seconds spent deciding (for benchmarks).
+    pub decisions: u64,
+    pub seconds: f64,
     /// Scratch candidate views, reused across requests.
     pods: Vec<PodView>,
 }
@@ -37,6 +40,8 @@ impl Router {
         Router {
             mode,
             book,
+            decisions: 0,
+            seconds: 0.0,
             pods: Vec::new(),
         }
     }
@@ -76,7 +81,7 @@ fn pod_view(
         .sum();
     let (router_requests, router_tokens) = book.in_flight(eng.role, eng.index);
     PodView {
-        role: eng.role.name().into(),
+        role: book.role_name(eng.role),
         index: eng.index as i64,
         active: eng.active() as i64,
         running: eng.running.len() as i64,
@@ -118,7 +123,11 @@ pub fn routing_system(
     let router = &mut *router;
     for i in 0..gateway.queue.len() {
         let id = gateway.queue[i];
-        match route(id, router, &index, &engines, &reqs, &flows) {
+        let started = std::time::Instant::now();
+        let decision = route(id, router, &index, &engines, &reqs, &flows);
+        router.decisions += 1;
+        router.seconds += started.elapsed().as_secs_f64();
+        match decision {
             Ok((decoder, prefiller)) => {
                 let mut r = reqs.get_mut(id).expect("routed request");
                 r.decoder = Some(decoder);

@@ -56,14 +56,23 @@ impl Hasher for KeyHasher {
     }
 }
 
-type KeyMap = HashMap<BlockKey, BlockId, BuildHasherDefault<KeyHasher>>;
+/// The prefix-cache index: per stream, the block holding each of its block
+/// indices (NONE where not cached), and how many are cached. One hash lookup
+/// per operation, then an array scan: prefixes are walked block by block.
+#[derive(Clone, Debug, Default)]
+struct StreamBlocks {
+    at: Vec<BlockId>,
+    count: u32,
+}
+
+type StreamMap = HashMap<u64, StreamBlocks, BuildHasherDefault<KeyHasher>>;
 
 /// One instance's KV pool.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     block_size: u32,
     blocks: Vec<Block>,
-    cached: KeyMap,
+    cached: StreamMap,
     head: u32,
     tail: u32,
     num_free: u32,
@@ -87,7 +96,7 @@ impl BlockPool {
         BlockPool {
             block_size,
             blocks,
-            cached: KeyMap::default(),
+            cached: StreamMap::default(),
             head: if num_blocks == 0 { NONE } else { 0 },
             tail: if num_blocks == 0 {
                 NONE
@@ -123,7 +132,20 @@ impl BlockPool {
     }
     /// Whether a block currently has identity `key`.
     pub fn is_cached(&self, key: BlockKey) -> bool {
-        self.cached.contains_key(&key)
+        self.lookup(key).is_some()
+    }
+
+    fn lookup(&self, key: BlockKey) -> Option<BlockId> {
+        let s = self.cached.get(&key.stream)?;
+        s.at.get(key.index as usize).copied().filter(|&b| b != NONE)
+    }
+
+    /// The blocks holding the first `n` blocks of `stream` (all cached).
+    fn prefix(&self, stream: u64, n: u32) -> &[BlockId] {
+        if n == 0 {
+            return &[];
+        }
+        &self.cached[&stream].at[..n as usize]
     }
     pub fn ref_count(&self, id: BlockId) -> u32 {
         self.blocks[id as usize].ref_cnt
@@ -132,22 +154,18 @@ impl BlockPool {
     /// `cachedin`: the number of leading blocks of `stream` the pool has
     /// cached (held or free cached), looking at no more than `max_blocks`.
     pub fn cached_prefix_blocks(&self, stream: u64, max_blocks: u32) -> u32 {
-        let mut n = 0;
-        while n < max_blocks && self.cached.contains_key(&BlockKey { stream, index: n }) {
-            n += 1;
-        }
-        n
+        let Some(s) = self.cached.get(&stream) else { return 0 };
+        let limit = (max_blocks as usize).min(s.at.len());
+        s.at[..limit].iter().take_while(|&&b| b != NONE).count() as u32
     }
 
     /// How many of the first `n` cached blocks of `stream` sit in the free
     /// queue: a hit on them takes them out of it, so they do not count as
     /// room for new blocks.
     pub fn free_among_prefix(&self, stream: u64, n: u32) -> u32 {
-        (0..n)
-            .filter(|&index| {
-                let id = self.cached[&BlockKey { stream, index }];
-                self.blocks[id as usize].ref_cnt == 0
-            })
+        self.prefix(stream, n)
+            .iter()
+            .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
             .count() as u32
     }
 
@@ -160,11 +178,16 @@ impl BlockPool {
     /// Takes a reference on each of the first `n` cached blocks of `stream`
     /// (which must be cached) and appends them to `table`.
     pub fn touch_prefix(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
-        for index in 0..n {
-            let id = self.cached[&BlockKey { stream, index }];
+                if n == 0 {
+            return;
+        }
+        // Borrow the index out of the map while taking references.
+        let at = std::mem::take(&mut self.cached.get_mut(&stream).expect("cached stream").at);
+        for &id in &at[..n as usize] {
             self.take_ref(id);
             table.push(id);
         }
+        self.cached.get_mut(&stream).expect("cached stream").at = at;
     }
 
     fn take_ref(&mut self, id: BlockId) {
@@ -188,7 +211,7 @@ impl BlockPool {
             let id = self.head;
             self.unlink(id);
             if let Some(key) = self.blocks[id as usize].key.take() {
-                self.cached.remove(&key);
+                self.uncache(key);
                 self.num_free_cached -= 1;
             }
             self.blocks[id as usize].ref_cnt = 1;
@@ -208,7 +231,15 @@ impl BlockPool {
             self.blocks[id as usize].key.is_none(),
             "block {id} already cached"
         );
-        if let Some(old) = self.cached.insert(key, id) {
+        let s = self.cached.entry(key.stream).or_default();
+        let i = key.index as usize;
+        if s.at.len() <= i {
+            s.at.resize(i + 1, NONE);
+        }
+        let old = std::mem::replace(&mut s.at[i], id);
+        if old == NONE {
+            s.count += 1;
+        } else {
             let b = &mut self.blocks[old as usize];
             b.key = None;
             if b.in_queue {
@@ -216,6 +247,20 @@ impl BlockPool {
             }
         }
         self.blocks[id as usize].key = Some(key);
+    }
+
+    /// Forgets the identity `key` (its block is being reused).
+    fn uncache(&mut self, key: BlockKey) {
+        let s = self.cached.get_mut(&key.stream).expect("a cached stream");
+        s.at[key.index as usize] = NONE;
+        s.count -= 1;
+        if s.count == 0 {
+            self.cached.remove(&key.stream);
+        } else {
+            while s.at.last() == Some(&NONE) {
+                s.at.pop();
+            }
+        }
     }
 
     /// Drops one reference on each block of `table`, tail first; blocks that

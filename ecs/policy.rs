@@ -260,7 +260,7 @@ impl Plugin {
             Error::new(format!("script {path}{line}: syntax error: {}", e.0))
         })?;
         ast.set_source(path);
-        let params = Dynamic::from_map(map_of(params));
+        let params = Dynamic::from_map(map_of(params)).into_shared();
         // Run the top level once (constants, setup), then keep only functions.
         engine
             .run_ast_with_scope(&mut Scope::new(), &ast)
@@ -336,7 +336,7 @@ impl Plugin {
 
     /// Replaces this plugin's parameters (hot swap).
     pub fn set_params(&mut self, params: &BTreeMap<String, ParamValue>) {
-        self.params = Dynamic::from_map(map_of(params));
+        self.params = Dynamic::from_map(map_of(params)).into_shared();
     }
 }
 

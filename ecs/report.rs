@@ -36,6 +36,11 @@ pub struct Report {
     /// Wall-clock seconds (not in the JSON: it differs run to run).
     #[serde(skip)]
     pub wall_seconds: f64,
+    /// Requests routed and the wall seconds the router spent on them.
+    #[serde(skip)]
+    pub routing_decisions: u64,
+    #[serde(skip)]
+    pub routing_seconds: f64,
 }
 
 fn summaries(obs: &PhaseObservations) -> BTreeMap<String, Summary> {
@@ -78,6 +83,8 @@ impl Report {
             .collect();
         let ticks = world.resource::<Clock>().ticks;
         let steps = world.query::<&Engine>().iter(world).map(|e| e.steps).sum();
+        let router = world.resource::<crate::gateway::Router>();
+        let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
         Report {
             scenario,
             seed,
@@ -89,6 +96,8 @@ impl Report {
             ticks,
             steps,
             wall_seconds,
+            routing_decisions,
+            routing_seconds,
         }
     }
 
@@ -139,8 +148,12 @@ impl Report {
         };
         let _ = writeln!(
             out,
-            "wall {:.3} s, {:.0} simulated s per wall s ({} ticks, {} engine steps)",
-            self.wall_seconds, speed, self.ticks, self.steps
+            "wall {:.3} s, {:.0} simulated s per wall s ({} ticks, {} engine steps; routing {:.1}% of wall)",
+            self.wall_seconds,
+            speed,
+            self.ticks,
+            self.steps,
+            self.routing_seconds / self.wall_seconds.max(1e-12) * 100.0
         );
         out
     }

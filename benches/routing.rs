@@ -1,0 +1,60 @@
+//! Benchmark: the cost of the router's scripts, per hook and per decision,
+//! on the reference scenario's policies (2 decode pods, 2 prefill pods).
+//!
+//!     cargo bench --bench routing
+
+use std::path::Path;
+use std::time::Instant;
+
+use pdsim::policy::{Policies, PodView, ReqView, Role};
+
+fn pod(role: &str, index: i64, active: i64, cached: i64) -> PodView {
+    PodView {
+        role: role.into(),
+        index,
+        active,
+        running: active,
+        queued: 1,
+        prompt_backlog: 300 * index,
+        kv_capacity: 160_000,
+        kv_held: 5_000,
+        cached_tokens: cached,
+        max_num_seqs: 64,
+        ..Default::default()
+    }
+}
+
+fn time(name: &str, n: u32, mut f: impl FnMut()) -> f64 {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    let us = t.elapsed().as_secs_f64() / n as f64 * 1e6;
+    println!("  {name:<34}{us:>8.2} µs");
+    us
+}
+
+fn main() {
+        // PDSIM_DECIDER=path swaps the decider (to measure a script of your own).
+    let sets: Vec<String> = std::env::var("PDSIM_DECIDER").map(|p| vec![format!("router.decider.script={p}")]).unwrap_or_default();
+    let sc = pdsim::scenario::load(Path::new("scenarios/llmd_nixl_pull.ron"), &sets).expect("scenario");
+    let mut p = Policies::load(&sc.raw.router, 1).expect("policies");
+    println!("setup: policies of {} (release build), 2 candidate pods per profile", sc.source.display());
+    let req = ReqView { id: 1, session: 7, turn: 2, prompt_tokens: 2500, new_tokens: 600, block_size: 16 };
+    let decoders = [pod("decode", 0, 3, 1600), pod("decode", 1, 2, 0)];
+    let prefillers = [pod("prefill", 0, 1, 0), pod("prefill", 1, 0, 800)];
+    let n = 20_000;
+    let d = time("decide (decider)", n, || {
+        std::hint::black_box(p.decide(&req, &decoders[0]).unwrap());
+    });
+    let dec = time("decode profile (scorer ×2, picker)", n, || {
+        std::hint::black_box(p.choose(Role::Decode, &req, &decoders).unwrap());
+    });
+    let pre = time("prefill profile (filter, scorer ×2, picker)", n, || {
+        std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
+    });
+    println!("  {:<34}{:>8.2} µs", "a remote decision (all three)", d + dec + pre);
+}
