@@ -41,12 +41,13 @@ fn main() {
         // PDSIM_DECIDER=path swaps the decider (to measure a script of your own).
     let sets: Vec<String> = std::env::var("PDSIM_DECIDER").map(|p| vec![format!("router.decider.script={p}")]).unwrap_or_default();
     let sc = pdsim::scenario::load(Path::new("scenarios/llmd_nixl_pull.ron"), &sets).expect("scenario");
-    let mut p = Policies::load(&sc.raw.router, 1).expect("policies");
+    let router = pdsim::scenario::expand_plugins(&sc.raw.router).expect("plugins");
+    let mut p = Policies::load(&router, 1, sc.lib_dir.as_deref()).expect("policies");
     println!("setup: policies of {} (release build), 2 candidate pods per profile", sc.source.display());
     let req = ReqView { id: 1, session: 7, turn: 2, prompt_tokens: 2500, new_tokens: 600, block_size: 16 };
     let decoders = [pod("decode", 0, 3, 1600), pod("decode", 1, 2, 0)];
     let prefillers = [pod("prefill", 0, 1, 0), pod("prefill", 1, 0, 800)];
-    let n = 20_000;
+    let n: u32 = std::env::var("PDSIM_BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
     let d = time("decide (decider)", n, || {
         std::hint::black_box(p.decide(&req, &decoders[0]).unwrap());
     });

@@ -138,10 +138,15 @@ fn default_sharing() -> SharingModel {
     SharingModel::MaxMin
 }
 
-/// The llm-d router: a decider and two scheduling profiles.
+/// The llm-d router, shaped like an EPP configuration: named plugins with
+/// parameters, a decider, and two scheduling profiles whose entries name a
+/// plugin (`plugin: "..."`) or give a script directly (`script: "..."`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Router {
+    /// Named plugins the decider and profiles may refer to.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, NamedPlugin>,
     /// Blocks per pod in the router's approximate prefix index (llm-d's
     /// approx-prefix-cache-producer); 0 turns it off.
     #[serde(default)]
@@ -162,10 +167,24 @@ pub struct Profile {
     pub picker: Plugin,
 }
 
-/// A rhai script and the parameters it sees as `params`.
+/// A plugin defined once under `router.plugins`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct NamedPlugin {
+    pub script: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+/// A use of a plugin: a named one (`plugin`), a script (`script`), or a
+/// named one with its script or some parameters replaced. Parameters given
+/// here are merged over the named plugin's.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Plugin {
+    #[serde(default)]
+    pub plugin: Option<String>,
+    #[serde(default)]
     pub script: String,
     #[serde(default)]
     pub params: BTreeMap<String, ParamValue>,
@@ -174,6 +193,9 @@ pub struct Plugin {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scorer {
+    #[serde(default)]
+    pub plugin: Option<String>,
+    #[serde(default)]
     pub script: String,
     #[serde(default = "default_weight")]
     pub weight: f64,
@@ -286,6 +308,8 @@ pub struct Scenario {
     pub raw: RawScenario,
     /// Where the file was read from (for messages).
     pub source: PathBuf,
+    /// Shared rhai modules (`lib/` beside the scenario's folder), if any.
+    pub lib_dir: Option<PathBuf>,
     pub prefill_nic_tokens_per_s: f64,
     pub decode_nic_tokens_per_s: f64,
 }
@@ -332,16 +356,66 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Scenario> {
 fn resolve_script_paths(raw: &mut RawScenario, dir: &Path) {
     let fix = |s: &mut String| {
         let p = Path::new(s.as_str());
-        if p.is_relative() {
+        if !s.is_empty() && p.is_relative() {
             *s = dir.join(p).to_string_lossy().into_owned();
         }
     };
-    fix(&mut raw.router.decider.script);
-    for profile in [&mut raw.router.decode, &mut raw.router.prefill] {
+    let r = &mut raw.router;
+    r.plugins.values_mut().for_each(|p| fix(&mut p.script));
+    fix(&mut r.decider.script);
+    for profile in [&mut r.decode, &mut r.prefill] {
         profile.filters.iter_mut().for_each(|f| fix(&mut f.script));
         profile.scorers.iter_mut().for_each(|f| fix(&mut f.script));
         fix(&mut profile.picker.script);
     }
+    // A phase that swaps a script names it relative to this file too.
+    for phase in &mut raw.phases {
+        for (path, value) in phase.set.iter_mut() {
+            if path.ends_with("script") {
+                fix(value);
+            }
+        }
+    }
+}
+
+/// The router with every plugin reference replaced by its script and
+/// parameters (entry parameters merged over the named plugin's).
+pub fn expand_plugins(router: &Router) -> Result<Router> {
+    let mut out = router.clone();
+    let expand = |what: &str, plugin: &Option<String>, script: &mut String, params: &mut BTreeMap<String, ParamValue>| -> Result<()> {
+        if let Some(name) = plugin {
+            let named = router.plugins.get(name).ok_or_else(|| {
+                let known: Vec<String> = router.plugins.keys().map(|k| format!("`{k}`")).collect();
+                Error::new(format!(
+                    "{what} refers to plugin `{name}`, which router.plugins does not define (it defines {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ))
+            })?;
+            if script.is_empty() {
+                *script = named.script.clone();
+            }
+            let mut merged = named.params.clone();
+            merged.extend(std::mem::take(params));
+            *params = merged;
+        }
+        if script.is_empty() {
+            return Err(Error::new(format!("{what} names neither a `script` nor a `plugin`")));
+        }
+        Ok(())
+    };
+    let d = &mut out.decider;
+    expand("router.decider", &d.plugin, &mut d.script, &mut d.params)?;
+    for (role, profile) in [("decode", &mut out.decode), ("prefill", &mut out.prefill)] {
+        for (i, f) in profile.filters.iter_mut().enumerate() {
+            expand(&format!("router.{role}.filters.{i}"), &f.plugin, &mut f.script, &mut f.params)?;
+        }
+        for (i, s) in profile.scorers.iter_mut().enumerate() {
+            expand(&format!("router.{role}.scorers.{i}"), &s.plugin, &mut s.script, &mut s.params)?;
+        }
+        let p = &mut profile.picker;
+        expand(&format!("router.{role}.picker"), &p.plugin, &mut p.script, &mut p.params)?;
+    }
+    Ok(out)
 }
 
 /// Applies one `path=value` override. The value is read as JSON when it
@@ -637,6 +711,9 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             );
         }
     }
+        if let Err(e) = expand_plugins(&raw.router) {
+        need(false, e.to_string());
+    }
     let mut last_at = 0.0;
     for (i, p) in raw.phases.iter().enumerate() {
         need(
@@ -646,8 +723,15 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
                 p.at
             ),
         );
-        last_at = p.at;
+                last_at = p.at;
         for (path, value) in &p.set {
+            if !(path.starts_with("router.") || path.starts_with("workload.")) {
+                need(
+                    false,
+                    format!("phases.{i}: `{path}` cannot change during a run (a phase may change router.* and workload.*)"),
+                );
+                continue;
+            }
             if let Err(e) = apply_override(&raw, &format!("{path}={value}")) {
                 need(false, format!("phases.{i}: {e}"));
             }
@@ -660,7 +744,9 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.join("\n  - ")
         )));
     }
+        let lib = source.parent().unwrap_or(Path::new(".")).join("../lib");
     Ok(Scenario {
+        lib_dir: lib.is_dir().then_some(lib),
         raw,
         source: source.to_path_buf(),
         prefill_nic_tokens_per_s: nic_rates[0],

@@ -351,7 +351,7 @@ pub fn phase_system(
             }
         }
         if let RouterMode::Scripts(p) = &mut router.mode
-            && let Err(e) = p.reload(&raw.router)
+                        && let Err(e) = scenario::expand_plugins(&raw.router).and_then(|r| p.reload(&r))
         {
             status.error = Some(e);
             return;
@@ -374,7 +374,8 @@ impl Sim {
     /// the router with its compiled scripts, the workload.
     pub fn new(scenario: &Scenario) -> Result<Sim> {
         let raw = &scenario.raw;
-        let policies = Policies::load(&raw.router, raw.seed)?;
+                let router = scenario::expand_plugins(&raw.router)?;
+        let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
         Self::build(scenario, RouterMode::Scripts(Box::new(policies)), None)
     }
 
