@@ -284,6 +284,9 @@ fn check_axis(axis: &Axis, what: &str) -> Result<()> {
 ///
 /// Values may be numbers, `inf`, booleans or strings (enum variants and
 /// script paths as strings); they are passed on as `--set` would pass them.
+/// `set` is applied in the order of its paths, then `--set` flags; `--grid`
+/// flags add axes after the file's; `--seeds`, `--horizon` and `--warmup`
+/// replace the file's.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
@@ -976,6 +979,17 @@ pub fn merge(args: &MergeArgs) -> Result<SweepOutcome> {
     let table = write_summary(&out, &manifest)?;
     if args.plots {
         plots::sweep_plots(&out, &manifest)?;
+        // The first run's time series, drawn by the shard that ran it.
+        let series = Path::new("plots").join("timeseries.csv");
+        if !out.join(&series).exists()
+            && let Some(dir) = args.dirs.iter().find(|d| d.join(&series).exists())
+        {
+            let svg = Path::new("plots").join("timeseries.svg");
+            if dir.join(&svg).exists() {
+                write_atomic(&out.join(&svg), &read(&dir.join(&svg))?)?;
+            }
+            write_atomic(&out.join(&series), &read(&dir.join(&series))?)?;
+        }
     }
     Ok(SweepOutcome {
         out,
