@@ -3,5 +3,6 @@
 mod common;
 mod errors;
 mod mechanisms;
+mod policies;
 mod runs;
 mod sweep;
