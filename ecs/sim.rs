@@ -199,6 +199,13 @@ pub fn step_end_system(
             match r.leg {
                 Leg::Prefill => handoffs.queue.push(id),
                 Leg::Decode => {
+                                        tracing::debug!(
+                        request = r.id,
+                        ttft = r.first_token_at.unwrap_or(f64::NAN) - r.t0,
+                        response = now - r.t0,
+                        preemptions = r.preemptions,
+                        "finished"
+                    );
                     metrics.request_finished(r);
                     router.book.decode_finished(engine.index, r.prompt);
                     if let (Some(session), Some(delay)) = (r.session, r.next_turn_in) {
@@ -573,10 +580,12 @@ impl Sim {
             while let Some(e) = agenda.pop_at(t) {
                 events.push(e);
             }
-            let mut clock = world.resource_mut::<Clock>();
+                        let mut clock = world.resource_mut::<Clock>();
             clock.now = t;
             clock.ticks += 1;
         });
+        // Log lines carry the simulated time of the tick they come from.
+        crate::cli::SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
         self.schedule.run(&mut self.world);
     }
 
