@@ -449,9 +449,9 @@ impl Policies {
             Role::Prefill => &self.prefill,
         };
         // Each pod is boxed into a script value once per decision; calls share it.
-                        let req_arg = Dynamic::from(req.clone()).into_shared();
+                        let req_arg = Dynamic::from(req.clone());
         self.pod_args.clear();
-        self.pod_args.extend(pods.iter().map(|p| Dynamic::from(p.clone()).into_shared()));
+        self.pod_args.extend(pods.iter().map(|p| Dynamic::from(p.clone())));
         let candidates = &mut self.candidates;
         candidates.clear();
         candidates.extend(0..pods.len());
