@@ -88,6 +88,19 @@ pub enum Command {
     Sweep(crate::sweep::SweepArgs),
     /// Combine the out dirs of a sharded sweep into one, with its summary.
     Merge(crate::sweep::MergeArgs),
+    /// Replay a request trace (the vLLM oracle's format, docs/oracle.md) on
+    /// one engine or one prefiller + one decoder, without a router, and write
+    /// the oracle's per-request and per-step report (docs/fidelity.md).
+    Replay {
+        trace: PathBuf,
+        /// Write the report here (atomically) instead of to stdout.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Override a field of the scenario built from the trace, e.g.
+        /// --set engine_semantics=Reference
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 /// Simulated time of the tick in progress, for log timestamps.
@@ -184,6 +197,14 @@ fn execute(command: Command) -> Result<()> {
                 wall.elapsed().as_secs_f64(),
                 done.out.display()
             );
+            Ok(())
+        }
+        Command::Replay { trace, json, set } => {
+            let text = crate::replay::replay_file(&trace, &set)?.to_json_text();
+            match json {
+                Some(path) => write_atomic(&path, &text)?,
+                None => print!("{text}"),
+            }
             Ok(())
         }
         Command::Merge(args) => {

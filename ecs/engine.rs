@@ -25,14 +25,29 @@
 //! run, the run is cut at the first step boundary at or after that instant
 //! ([`Engine::cut_run`]), so the newcomer is seen exactly when it would
 //! have been.
+//!
+//! **vLLM 0.33 semantics** ([`EngineSemantics::Vllm033`], docs/fidelity.md).
+//! Where vLLM 0.33's scheduler differs from MODEL.md on purpose, this option
+//! follows vLLM (the KV pool's differences are in [`crate::kv`]):
+//! * a parked request whose read is done is promoted only when the waiting
+//!   loop reaches it, in parking order (`Scheduler._handle_blocked_waiting_request`),
+//!   and its blocks are cached then, up to the whole prompt
+//!   (`Scheduler._update_waiting_for_remote_kv`);
+//! * the end of a read reaches the scheduler only with its next
+//!   `update_from_output` (the NIXL worker's `finished_recving` /
+//!   `finished_sending`): at the end of the step in flight, or, for an idle
+//!   engine, after a `schedule()` call that scheduled nothing (EngineCore's
+//!   loop). So an idle engine first schedules without the news — a request
+//!   arriving at that instant may be parked or started before the promotion
+//!   or the freed lease is seen — and, if that scheduled nothing, again with it.
 
 use bevy_ecs::prelude::*;
 use std::collections::VecDeque;
 
-use crate::kv::{BlockKey, BlockPool, reusable};
+use crate::kv::{BlockId, BlockKey, BlockPool, reusable};
 use crate::policy::Role;
 use crate::request::{KvSource, Leg, Request, RequestStore, Status};
-use crate::scenario::{EngineConfig, StepCost};
+use crate::scenario::{EngineConfig, EngineSemantics, StepCost};
 
 /// An instance's KV pool (blocks, prefix cache, LRU).
 #[derive(Component, Debug)]
@@ -102,6 +117,12 @@ pub struct Engine {
     pub generation: u64,
     /// Whether runs of identical decode steps may be booked as one.
     pub repeat_steps: bool,
+    /// MODEL.md's scheduler, or vLLM 0.33's where they differ.
+    pub semantics: EngineSemantics,
+    /// vLLM 0.33: reads done (decoder) and leases ended (prefiller) that the
+    /// scheduler has not been told of yet (see the module docs).
+    undelivered_reads: Vec<Entity>,
+    undelivered_frees: Vec<Vec<BlockId>>,
 }
 
 impl Engine {
@@ -124,7 +145,15 @@ impl Engine {
             step_kv: 0,
             generation: 0,
             repeat_steps: true,
+            semantics: EngineSemantics::Reference,
+            undelivered_reads: Vec::new(),
+            undelivered_frees: Vec::new(),
         }
+    }
+
+    pub fn with_semantics(mut self, semantics: EngineSemantics) -> Engine {
+        self.semantics = semantics;
+        self
     }
 
     pub fn is_idle(&self) -> bool {
@@ -133,16 +162,69 @@ impl Engine {
 
     /// Requests it holds or queues (MODEL.md §4's active requests).
     pub fn active(&self) -> u32 {
-        self.running.len() as u32
-            + self.parked
-            + self.ready.len() as u32
-            + self.waiting.len() as u32
+        // With vLLM's semantics parked requests wait in `ready` (and count
+        // in `parked`) until promoted.
+        let held = match self.semantics {
+            EngineSemantics::Reference => self.parked + self.ready.len() as u32,
+            EngineSemantics::Vllm033 => self.ready.len() as u32,
+        };
+        self.running.len() as u32 + held + self.waiting.len() as u32
     }
 
     /// Accepts a request into the waiting queue (from the gateway or sidecar).
     pub fn enqueue(&mut self, id: Entity) {
         self.waiting.push_back(id);
         self.dirty = true;
+    }
+
+    /// A parked request's read completed (NIXL pull).
+    pub fn read_done(&mut self, id: Entity, kv: &mut BlockPool, r: &mut Request) {
+        r.kv_source = KvSource::RemoteArrived;
+        match self.semantics {
+            EngineSemantics::Reference => {
+                // The decoder holds prompt − 1 computed tokens: the last
+                // prompt token is recomputed for its logits.
+                r.computed = r.prompt - 1;
+                cache_full_blocks(kv, r, r.prompt - 1);
+                r.status = Status::Ready;
+                self.promote(id);
+            }
+            // vLLM 0.33: the worker reports the id (finished_recving) with the
+            // next update_from_output, and `_update_from_kv_xfer_finished`
+            // only notes it; the request stays parked, in its place in the
+            // queue, until the waiting loop reaches it.
+            EngineSemantics::Vllm033 => {
+                self.undelivered_reads.push(id);
+                self.dirty = true;
+            }
+        }
+    }
+
+    /// A prefiller's lease ended (the decoder's read of its blocks completed):
+    /// its blocks are freed, tail first; the full ones stay cached.
+    pub fn lease_ended(&mut self, blocks: &[BlockId], kv: &mut BlockPool) {
+        match self.semantics {
+            EngineSemantics::Reference => kv.free(blocks),
+            // vLLM 0.33: freed when the worker's finished_sending reaches the
+            // scheduler (`_update_from_kv_xfer_finished` → `_free_blocks`).
+            EngineSemantics::Vllm033 => self.undelivered_frees.push(blocks.to_vec()),
+        }
+        self.dirty = true;
+    }
+
+    /// vLLM 0.33: `update_from_output` hands the scheduler the transfers that
+    /// finished since the last one. Returns whether there were any.
+    fn deliver_transfers(&mut self, kv: &mut BlockPool, reqs: &mut impl RequestStore) -> bool {
+        if self.undelivered_reads.is_empty() && self.undelivered_frees.is_empty() {
+            return false;
+        }
+        for id in self.undelivered_reads.drain(..) {
+            reqs.req(id).status = Status::Ready;
+        }
+        for blocks in self.undelivered_frees.drain(..) {
+            kv.free(&blocks);
+        }
+        true
     }
 
     /// A parked request's KV has arrived: it waits for a slot ahead of new ones.
@@ -262,13 +344,28 @@ impl Engine {
         self.dirty = false;
         self.step.clear();
         loop {
+            let parked_before = log.parked.len();
             let preempted = self.schedule_running(kv, reqs, log);
             if !preempted {
-                self.admit_waiting(kv, reqs, log);
+                match self.semantics {
+                    EngineSemantics::Reference => self.admit_waiting(kv, reqs, log),
+                    EngineSemantics::Vllm033 => self.admit_waiting_vllm(kv, reqs, log),
+                }
+            }
+            if !self.step.is_empty() {
+                break;
             }
             // A step that only preempted computes nothing: vLLM's next
-            // schedule() call runs at once and may admit.
-            if !self.step.is_empty() || !preempted {
+            // schedule() call runs at once and may admit. With vLLM's
+            // semantics, so does one after a call that parked or that was
+            // followed by news of finished transfers (EngineCore's loop).
+            let delivered = match self.semantics {
+                EngineSemantics::Reference => false,
+                EngineSemantics::Vllm033 => self.deliver_transfers(kv, reqs),
+            };
+            let parked =
+                self.semantics == EngineSemantics::Vllm033 && log.parked.len() > parked_before;
+            if !(preempted || delivered || parked) {
                 break;
             }
         }
@@ -357,7 +454,6 @@ impl Engine {
         let mut budget =
             self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>();
         let slots = self.cfg.max_num_seqs as usize;
-        let bs = kv.block_size();
         while budget > 0 {
             if let Some(&id) = self.ready.front() {
                 // KV read: needs a slot and one token of budget.
@@ -382,64 +478,142 @@ impl Engine {
                 budget -= n;
                 continue;
             }
-            let Some(&id) = self.waiting.front() else {
+            if self.waiting.is_empty() || self.running.len() >= slots {
                 return;
-            };
+            }
+            if !self.admit_next_waiting(&mut budget, kv, reqs, log) {
+                return;
+            }
+        }
+    }
+
+    /// Step 2 with vLLM 0.33's semantics (`Scheduler.schedule`, the loop over
+    /// `kv_holding_waiting`, then `waiting`). Parked requests stay in `ready`
+    /// (vLLM's `kv_holding_waiting`) in parking order, counted in `parked`,
+    /// until the loop reaches one whose read is done.
+    fn admit_waiting_vllm(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let mut budget =
+            self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>();
+        let slots = self.cfg.max_num_seqs as usize;
+        let mut h = 0;
+        while budget > 0 {
+            // The slot check comes before the queues are looked at: with
+            // every slot taken nothing is promoted, nor parked.
             if self.running.len() >= slots {
                 return;
             }
-            let r = reqs.req(id);
-            let known = r.known_tokens();
-            let hit_blocks = kv.cached_prefix_blocks(r.stream, reusable(known, bs) / bs);
-            let new_blocks = kv.blocks_for(known) - hit_blocks;
-            // Whole-prompt reservation (scheduler_reserve_full_isl): room for
-            // all known tokens beyond the hit, or nobody behind it is admitted.
-            if !kv.can_allocate_after_hit(r.stream, hit_blocks, new_blocks) {
+            if h < self.ready.len() {
+                let id = self.ready[h];
+                let r = reqs.req(id);
+                if r.status != Status::Ready {
+                    // Its read is not done (or not yet reported): skipped,
+                    // keeping its place (`skip_request`, then
+                    // `prepend_requests` at the end of the loop).
+                    h += 1;
+                    continue;
+                }
+                // `_handle_blocked_waiting_request` → `_update_waiting_for_remote_kv`
+                // caches the blocks up to the whole prompt and leaves the last
+                // prompt token to recompute; the admission that follows always
+                // succeeds (every block is allocated) and takes one token.
+                self.ready.remove(h);
+                self.parked -= 1;
+                cache_full_blocks(kv, r, r.prompt);
+                r.computed = r.prompt - 1;
+                r.status = Status::Running;
+                self.running.push(id);
+                self.step.push((id, 1));
+                budget -= 1;
+                continue;
+            }
+            if self.waiting.is_empty() || !self.admit_next_waiting(&mut budget, kv, reqs, log) {
                 return;
             }
-            self.waiting.pop_front();
-            kv.touch_prefix(r.stream, hit_blocks, &mut r.blocks);
-            r.cached_blocks = hit_blocks;
-            let hit = hit_blocks * bs;
-            if r.prefix_hit.is_none() {
-                r.prefix_hit = Some(hit);
+        }
+    }
+
+    /// Admits the request at the head of `waiting` (a slot is free and budget
+    /// left): room for all its known tokens beyond its prefix hit, or it and
+    /// everyone behind it wait (head-of-line); then it is parked (remote,
+    /// read pending), or computes its last prompt token (store-and-forward),
+    /// or its first chunk. Returns false when it did not fit.
+    ///
+    /// vLLM 0.33 (`allocate_slots(full_sequence_must_fit=True)`) checks the
+    /// same room; for a request it parks it also keeps
+    /// `_inflight_prefill_reserved_blocks()` free, which is always 0 here: a
+    /// request still prefilling after this step took the whole budget, and
+    /// then no request is parked in this step (docs/fidelity.md).
+    fn admit_next_waiting(
+        &mut self,
+        budget: &mut u32,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> bool {
+        let bs = kv.block_size();
+        let id = self.waiting[0];
+        let r = reqs.req(id);
+        let known = r.known_tokens();
+        let hit_blocks = kv.cached_prefix_blocks(r.stream, reusable(known, bs) / bs);
+        let new_blocks = kv.blocks_for(known) - hit_blocks;
+        // Whole-prompt reservation (scheduler_reserve_full_isl): room for
+        // all known tokens beyond the hit, or nobody behind it is admitted.
+        if !kv.can_allocate_after_hit(r.stream, hit_blocks, new_blocks) {
+            return false;
+        }
+        self.waiting.pop_front();
+        kv.touch_prefix(r.stream, hit_blocks, &mut r.blocks);
+        r.cached_blocks = hit_blocks;
+        let hit = hit_blocks * bs;
+        if r.prefix_hit.is_none() {
+            r.prefix_hit = Some(hit);
+        }
+        match r.kv_source {
+            KvSource::RemotePending => {
+                // Park: whole prompt allocated, no slot, no budget (vLLM:
+                // WAITING_FOR_REMOTE_KVS, nothing cached until the read is
+                // done, `delay_cache_blocks`).
+                kv.allocate(new_blocks, &mut r.blocks);
+                r.computed = hit;
+                r.remote_tokens = r.prompt - hit;
+                r.status = Status::Parked;
+                self.parked += 1;
+                if self.semantics == EngineSemantics::Vllm033 {
+                    self.ready.push_back(id);
+                }
+                log.parked.push(id);
             }
-            match r.kv_source {
-                KvSource::RemotePending => {
-                    // Park: whole prompt allocated, no slot, no budget.
-                    kv.allocate(new_blocks, &mut r.blocks);
-                    r.computed = hit;
-                    r.remote_tokens = r.prompt - hit;
-                    r.status = Status::Parked;
-                    self.parked += 1;
-                    log.parked.push(id);
-                }
-                KvSource::Delivered => {
-                    // Store-and-forward: the KV comes with the request; only
-                    // the last prompt token is computed here.
-                    kv.allocate(new_blocks, &mut r.blocks);
-                    r.kv_source = KvSource::RemoteArrived;
-                    r.computed = known - 1;
-                    cache_full_blocks(kv, r, known);
-                    r.status = Status::Running;
-                    self.running.push(id);
-                    self.step.push((id, 1));
-                    budget -= 1;
-                }
-                _ => {
-                    let chunk = (known - hit).min(budget);
-                    let need = kv.blocks_for(hit + chunk) - hit_blocks;
-                    let ok = kv.allocate(need, &mut r.blocks);
-                    debug_assert!(ok, "reserved above");
-                    r.computed = hit;
-                    cache_full_blocks(kv, r, hit + chunk);
-                    r.status = Status::Running;
-                    self.running.push(id);
-                    self.step.push((id, chunk));
-                    budget -= chunk;
-                }
+            KvSource::Delivered => {
+                // Store-and-forward: the KV comes with the request; only
+                // the last prompt token is computed here.
+                kv.allocate(new_blocks, &mut r.blocks);
+                r.kv_source = KvSource::RemoteArrived;
+                r.computed = known - 1;
+                cache_full_blocks(kv, r, known);
+                r.status = Status::Running;
+                self.running.push(id);
+                self.step.push((id, 1));
+                *budget -= 1;
+            }
+            _ => {
+                let chunk = (known - hit).min(*budget);
+                let need = kv.blocks_for(hit + chunk) - hit_blocks;
+                let ok = kv.allocate(need, &mut r.blocks);
+                debug_assert!(ok, "reserved above");
+                r.computed = hit;
+                cache_full_blocks(kv, r, hit + chunk);
+                r.status = Status::Running;
+                self.running.push(id);
+                self.step.push((id, chunk));
+                *budget -= chunk;
             }
         }
+        true
     }
 
     /// Applies the step in progress at its end: tokens computed, tokens
@@ -497,6 +671,9 @@ impl Engine {
         if any_finished {
             self.running
                 .retain(|&id| reqs.req(id).status == Status::Running);
+        }
+        if self.semantics == EngineSemantics::Vllm033 {
+            self.deliver_transfers(kv, reqs);
         }
     }
 }

@@ -8,9 +8,17 @@
 //! * Requests free their blocks tail first, so the end of a prefix is evicted
 //!   before its start.
 //! * A hit on a free cached block takes it out of the queue.
+//!
+//! With [`EngineSemantics::Vllm033`] the pool follows vLLM 0.33's `BlockPool`
+//! (v1/core/block_pool.py) where it differs from MODEL.md: block 0 is the
+//! null block (one block fewer is usable), blocks without an identity (a
+//! request's partial last block) are freed to the *front* of the queue, and
+//! several blocks may hold one identity (a lookup finds the oldest).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::scenario::{EngineConfig, EngineSemantics};
 
 pub type BlockId = u32;
 
@@ -78,6 +86,12 @@ pub struct BlockPool {
     num_free: u32,
     /// Free blocks that still carry an identity (evictable cache).
     num_free_cached: u32,
+    /// vLLM 0.33: unhashed blocks are freed to the front, and an identity may
+    /// be held by several blocks (see the module docs).
+    vllm: bool,
+    /// vLLM 0.33 only: further blocks holding an identity whose first holder
+    /// is in the stream index, oldest first (`BlockHashToBlockMap`).
+    dups: HashMap<BlockKey, Vec<BlockId>, BuildHasherDefault<KeyHasher>>,
 }
 
 impl BlockPool {
@@ -105,6 +119,22 @@ impl BlockPool {
             },
             num_free: num_blocks,
             num_free_cached: 0,
+            vllm: false,
+            dups: HashMap::default(),
+        }
+    }
+
+    /// The KV pool of an engine of configuration `cfg`: `num_gpu_blocks`
+    /// blocks, or with vLLM 0.33's semantics one fewer (`BlockPool.__init__`
+    /// pops block 0 as the null block) and its free and duplicate rules.
+    pub fn for_engine(cfg: &EngineConfig, semantics: EngineSemantics) -> Self {
+        match semantics {
+            EngineSemantics::Reference => Self::new(cfg.num_gpu_blocks, cfg.block_size),
+            EngineSemantics::Vllm033 => {
+                let mut pool = Self::new(cfg.num_gpu_blocks.saturating_sub(1), cfg.block_size);
+                pool.vllm = true;
+                pool
+            }
         }
     }
 
@@ -154,7 +184,9 @@ impl BlockPool {
     /// `cachedin`: the number of leading blocks of `stream` the pool has
     /// cached (held or free cached), looking at no more than `max_blocks`.
     pub fn cached_prefix_blocks(&self, stream: u64, max_blocks: u32) -> u32 {
-        let Some(s) = self.cached.get(&stream) else { return 0 };
+        let Some(s) = self.cached.get(&stream) else {
+            return 0;
+        };
         let limit = (max_blocks as usize).min(s.at.len());
         s.at[..limit].iter().take_while(|&&b| b != NONE).count() as u32
     }
@@ -178,7 +210,7 @@ impl BlockPool {
     /// Takes a reference on each of the first `n` cached blocks of `stream`
     /// (which must be cached) and appends them to `table`.
     pub fn touch_prefix(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
-                if n == 0 {
+        if n == 0 {
             return;
         }
         // Borrow the index out of the map while taking references.
@@ -211,7 +243,11 @@ impl BlockPool {
             let id = self.head;
             self.unlink(id);
             if let Some(key) = self.blocks[id as usize].key.take() {
-                self.uncache(key);
+                if self.vllm {
+                    self.evict_vllm(id, key);
+                } else {
+                    self.uncache(key);
+                }
                 self.num_free_cached -= 1;
             }
             self.blocks[id as usize].ref_cnt = 1;
@@ -236,6 +272,14 @@ impl BlockPool {
         if s.at.len() <= i {
             s.at.resize(i + 1, NONE);
         }
+        if self.vllm && s.at[i] != NONE {
+            // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with the
+            // same hash joins the first; lookups keep finding the oldest
+            // (`get_one_block`), and each keeps its hash until evicted.
+            self.dups.entry(key).or_default().push(id);
+            self.blocks[id as usize].key = Some(key);
+            return;
+        }
         let old = std::mem::replace(&mut s.at[i], id);
         if old == NONE {
             s.count += 1;
@@ -247,6 +291,29 @@ impl BlockPool {
             }
         }
         self.blocks[id as usize].key = Some(key);
+    }
+
+    /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
+    /// `BlockHashToBlockMap.pop`): block `id` loses identity `key`; if other
+    /// blocks hold it, the oldest of them becomes the one lookups find.
+    fn evict_vllm(&mut self, id: BlockId, key: BlockKey) {
+        if let Some(dups) = self.dups.get_mut(&key) {
+            let at = &mut self
+                .cached
+                .get_mut(&key.stream)
+                .expect("a cached stream")
+                .at[key.index as usize];
+            if *at == id {
+                *at = dups.remove(0);
+            } else {
+                dups.retain(|&b| b != id);
+            }
+            if dups.is_empty() {
+                self.dups.remove(&key);
+            }
+            return;
+        }
+        self.uncache(key);
     }
 
     /// Forgets the identity `key` (its block is being reused).
@@ -266,6 +333,9 @@ impl BlockPool {
     /// Drops one reference on each block of `table`, tail first; blocks that
     /// reach zero join the back of the free queue (keeping their identity).
     pub fn free(&mut self, table: &[BlockId]) {
+        if self.vllm {
+            return self.free_vllm(table);
+        }
         for &id in table.iter().rev() {
             let block = &mut self.blocks[id as usize];
             debug_assert!(block.ref_cnt > 0, "double free of block {id}");
@@ -277,6 +347,54 @@ impl BlockPool {
                 self.push_back(id);
             }
         }
+    }
+
+    /// vLLM 0.33 `BlockPool.free_blocks(reversed(blocks))`: blocks that
+    /// reach zero references are taken tail first; those with a hash join the
+    /// back of the queue in that order (`append_n`), those without (a partial
+    /// last block) the front, the request's last block first (`prepend_n`:
+    /// "LIFO reuse of non-cached blocks").
+    fn free_vllm(&mut self, table: &[BlockId]) {
+        let mut unhashed = false;
+        for &id in table.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                if block.key.is_some() {
+                    self.num_free_cached += 1;
+                    self.push_back(id);
+                } else {
+                    unhashed = true;
+                }
+            }
+        }
+        if unhashed {
+            // Pushing to the front in table order leaves the tail block first.
+            for &id in table {
+                let b = &self.blocks[id as usize];
+                if b.ref_cnt == 0 && !b.in_queue {
+                    self.push_front(id);
+                }
+            }
+        }
+    }
+
+    fn push_front(&mut self, id: BlockId) {
+        let head = self.head;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = NONE;
+            b.next = head;
+            b.in_queue = true;
+        }
+        if head == NONE {
+            self.tail = id;
+        } else {
+            self.blocks[head as usize].prev = id;
+        }
+        self.head = id;
+        self.num_free += 1;
     }
 
     fn unlink(&mut self, id: BlockId) {
@@ -437,5 +555,72 @@ mod tests {
         assert_eq!(pool.num_free_cached(), 0);
         pool.free(&b);
         assert_eq!(pool.num_free_cached(), 1);
+    }
+
+    fn vllm_pool(num_gpu_blocks: u32, block_size: u32) -> BlockPool {
+        let cfg = EngineConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            num_gpu_blocks,
+            block_size,
+            max_model_len: 16,
+        };
+        BlockPool::for_engine(&cfg, EngineSemantics::Vllm033)
+    }
+
+    #[test]
+    fn vllm_has_a_null_block() {
+        assert_eq!(vllm_pool(11, 4).num_blocks(), 10);
+    }
+
+    #[test]
+    fn vllm_frees_the_partial_last_block_to_the_front() {
+        // 5 blocks; a request holds 3: two full (cached) and a partial one.
+        let mut pool = vllm_pool(6, 4);
+        let mut t = Vec::new();
+        pool.allocate(3, &mut t);
+        pool.cache_block(t[0], key(1, 0));
+        pool.cache_block(t[1], key(1, 1));
+        pool.free(&t);
+        // Queue: the partial block first, then the never-used ones, then the
+        // cached blocks tail first (block 1 is evicted before block 0).
+        assert_eq!(pool.free_queue(), vec![2, 3, 4, 1, 0]);
+        assert_eq!(pool.num_free_cached(), 2);
+        // The reference frees everything to the back.
+        let mut r = BlockPool::new(5, 4);
+        let mut t = Vec::new();
+        r.allocate(3, &mut t);
+        r.cache_block(t[0], key(1, 0));
+        r.cache_block(t[1], key(1, 1));
+        r.free(&t);
+        assert_eq!(r.free_queue(), vec![3, 4, 2, 1, 0]);
+    }
+
+    #[test]
+    fn vllm_keeps_duplicate_blocks_and_finds_the_oldest() {
+        let mut pool = vllm_pool(4, 4);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(1, &mut a);
+        pool.allocate(1, &mut b);
+        pool.cache_block(a[0], key(3, 0));
+        pool.cache_block(b[0], key(3, 0));
+        // Lookups find the first holder; both keep the identity.
+        let mut hit = Vec::new();
+        pool.touch_prefix(3, 1, &mut hit);
+        assert_eq!(hit, a);
+        pool.free(&hit);
+        pool.free(&a);
+        pool.free(&b);
+        assert_eq!(pool.num_free_cached(), 2);
+        // Queue: [2, a, b]. Allocating two evicts 2 (uncached) and a: the
+        // identity survives in b, which lookups now find.
+        let mut c = Vec::new();
+        pool.allocate(2, &mut c);
+        assert_eq!(c, vec![2, a[0]]);
+        assert_eq!(pool.cached_prefix_blocks(3, 1), 1);
+        let mut hit = Vec::new();
+        pool.touch_prefix(3, 1, &mut hit);
+        assert_eq!(hit, b);
+        assert_eq!(pool.num_free_cached(), 0);
     }
 }

@@ -24,6 +24,7 @@ pub mod kv;
 pub mod metrics;
 pub mod plots;
 pub mod policy;
+pub mod replay;
 pub mod report;
 pub mod request;
 pub mod router_book;

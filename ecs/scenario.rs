@@ -37,6 +37,25 @@ pub struct RawScenario {
     /// observations per phase.
     #[serde(default)]
     pub phases: Vec<Phase>,
+    /// Whose scheduler semantics the engines follow: MODEL.md's (the
+    /// reference) or vLLM 0.33's where they differ on purpose
+    /// (docs/fidelity.md).
+    #[serde(default)]
+    pub engine_semantics: EngineSemantics,
+}
+
+/// The engines' scheduler semantics (docs/fidelity.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EngineSemantics {
+    /// MODEL.md as written.
+    #[default]
+    Reference,
+    /// vLLM 0.33.0's scheduler where it differs from MODEL.md: the null
+    /// block, unhashed blocks freed to the front of the free queue, duplicate
+    /// cached blocks, promotion of read requests in parking order when the
+    /// waiting loop reaches them, and news of finished transfers only with
+    /// the next `update_from_output`.
+    Vllm033,
 }
 
 fn default_seed() -> u64 {

@@ -154,6 +154,9 @@ pub struct StepScratch {
 #[derive(Resource, Default, Debug)]
 pub struct StepRecorder {
     pub steps: Vec<StepRecord>,
+    /// Preemptions by formations that computed nothing, reported with the
+    /// engine's next step (as the vLLM oracle does).
+    pub pending_preempted: Vec<(Entity, u64)>,
 }
 
 #[derive(Debug, Clone)]
@@ -264,6 +267,13 @@ pub fn step_start_system(
         for &id in &log.parked {
             agenda.schedule(now + flows.latency, Event::ReadStart(id));
         }
+        if end.is_none()
+            && let Some(rec) = recorder.as_deref_mut()
+        {
+            for &id in &log.preempted {
+                rec.pending_preempted.push((e, reqs.req(id).id));
+            }
+        }
         if let Some(end) = end {
             let generation = engine.generation;
             agenda.schedule(end, Event::StepEnd(e, generation));
@@ -273,7 +283,14 @@ pub fn step_start_system(
                     .iter()
                     .map(|&(id, n)| (reqs.req(id).id, n))
                     .collect();
-                let preempted = log.preempted.iter().map(|&id| reqs.req(id).id).collect();
+                let mut preempted: Vec<u64> = Vec::new();
+                rec.pending_preempted.retain(|&(engine, id)| {
+                    if engine == e {
+                        preempted.push(id);
+                    }
+                    engine != e
+                });
+                preempted.extend(log.preempted.iter().map(|&id| reqs.req(id).id));
                 rec.steps.push(StepRecord {
                     engine: e,
                     start: now,
@@ -417,11 +434,9 @@ impl Sim {
                 links.push(nic_rate);
                 let e = world
                     .spawn((
-                        Engine::new(role, i, pool.engine.clone(), pool.cost),
-                        KvPool(BlockPool::new(
-                            pool.engine.num_gpu_blocks,
-                            pool.engine.block_size,
-                        )),
+                        Engine::new(role, i, pool.engine.clone(), pool.cost)
+                            .with_semantics(raw.engine_semantics),
+                        KvPool(BlockPool::for_engine(&pool.engine, raw.engine_semantics)),
                         Nic {
                             link,
                             tokens_per_s: nic_rate,

@@ -4,7 +4,7 @@
 use bevy_ecs::prelude::*;
 
 use crate::agenda::{Agenda, Event};
-use crate::engine::{Engine, KvPool, Nic, cache_full_blocks};
+use crate::engine::{Engine, KvPool, Nic};
 use crate::kv::BlockId;
 use crate::request::{KvSource, Request, Status};
 use crate::scenario::{SharingModel, TransferMode};
@@ -193,24 +193,14 @@ fn complete(
     {
         let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
         // Freed tail first; the prompt's full blocks stay cached.
-        kv.0.free(&lease.blocks);
-        p.dirty = true;
+        p.lease_ended(&lease.blocks, &mut kv.0);
     }
     commands.entity(lease_id).despawn();
     r.read_done_at = Some(now);
     let decoder = r.decoder.expect("routed");
     let (mut d, mut kv, _) = engines.get_mut(decoder).expect("decoder");
     match mode {
-        TransferMode::NixlPull => {
-            // The decoder holds prompt − 1 computed tokens: the last prompt
-            // token is recomputed for its logits.
-            let r = r.into_inner();
-            r.computed = r.prompt - 1;
-            r.kv_source = KvSource::RemoteArrived;
-            cache_full_blocks(&mut kv.0, r, r.prompt - 1);
-            r.status = Status::Ready;
-            d.promote(request);
-        }
+        TransferMode::NixlPull => d.read_done(request, &mut kv.0, r.into_inner()),
         TransferMode::StoreAndForward => {
             // Only now does the request queue for the decoder.
             r.kv_source = KvSource::Delivered;

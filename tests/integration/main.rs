@@ -2,6 +2,7 @@
 
 mod common;
 mod errors;
+mod golden;
 mod mechanisms;
 mod policies;
 mod runs;

@@ -2,6 +2,7 @@
 """Drive vLLM's real v1 scheduler on an explicit request trace (the oracle).
 
     tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/oracle.py TRACE.json [--json OUT]
+    tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/oracle.py --fuzz N [--seed S]
 
 The scheduler, KV cache manager, block pool and (in P/D mode) the NIXL
 connector's scheduler side are vLLM's own objects; only the model runner and
@@ -90,7 +91,10 @@ class Engine:
         self.pending = []      # (arrival_time, Request) not yet given to the scheduler
         self.busy = None       # (SchedulerOutput, end_time) of the step in flight
         self.wake = True       # something happened: try to form a step
-        self.finished_recving, self.finished_sending = set(), set()  # fake worker
+        # The fake worker's finished reads, in the order they finished (dicts
+        # as ordered sets: a Python set would free two leases delivered
+        # together in hash order, which varies from run to run).
+        self.finished_recving, self.finished_sending = {}, {}
         self.streams, self.records, self.steps = {}, {}, []
         self.remote = {}       # req id -> read record (decoder, pd mode)
         self.pending_preempted = []
@@ -136,9 +140,10 @@ class Engine:
         """The fake connector worker's report: reads finished since the last one."""
         if not (self.finished_recving or self.finished_sending):
             return None
-        out = KVConnectorOutput(finished_sending=self.finished_sending or None,
-                                finished_recving=self.finished_recving or None)
-        self.finished_recving, self.finished_sending = set(), set()
+        # The scheduler only iterates these (Scheduler._update_from_kv_xfer_finished).
+        out = KVConnectorOutput(finished_sending=list(self.finished_sending) or None,
+                                finished_recving=list(self.finished_recving) or None)
+        self.finished_recving, self.finished_sending = {}, {}
         return out
 
     def iterate(self, t, on_park):
@@ -206,6 +211,10 @@ class Engine:
         so, _ = self.busy
         self.busy, self.wake = None, True
         step = len(self.steps) - 1
+        # Preemptions so far, read before update_from_output drops the
+        # requests that finish now (one preempted by the formation of its
+        # last step would otherwise keep its older count).
+        self._note_preemptions()
         ids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in ids:
@@ -225,6 +234,9 @@ class Engine:
                 if out.finish_reason is not None:
                     rec["finish_step"], rec["finish_time"] = step, t
                     on_finish(out.request_id, t, out.kv_transfer_params)
+        self._note_preemptions()
+
+    def _note_preemptions(self):
         for rid, rec in self.records.items():
             req = self.sched.requests.get(rid)
             if req is not None:
@@ -243,12 +255,19 @@ class Engine:
 class Reads:
     """NIXL pull reads between one prefiller and one decoder: each read starts
     x0 after parking, then all flows share the NIC rate equally (processor
-    sharing; on one P-D pair this is what max-min fairness gives)."""
+    sharing; on one P-D pair this is what max-min fairness gives).
+
+    Flows are brought up to date, and their finish times recomputed, only when
+    the set of flows changes (a read starts or ends), with the same arithmetic
+    as pdsim (ecs/transfer.rs): remaining -= rate * elapsed (not below 0),
+    finish = now + remaining / rate. Updating at every event instead gives the
+    same times up to float rounding, which is enough to order a read's end and
+    a step's end that coincide differently on the two sides."""
 
     def __init__(self, x0, rate):
         self.x0, self.rate = x0, rate
         self.starting = []   # (start_time, rid, tokens)
-        self.flows = {}      # rid -> [remaining, finish_time]
+        self.flows = {}      # rid -> [remaining, finish_time], in start order
         self.last = 0.0
         self.log = {}        # rid -> {"read_start", "read_done"}
 
@@ -261,15 +280,18 @@ class Reads:
 
     def advance(self, t):
         """Returns the ids whose read completed at t."""
+        done = [rid for rid, f in self.flows.items() if f[1] <= t]
+        starting = [s for s in self.starting if s[0] <= t]
+        if not done and not starting:
+            return []
         share = self.rate / len(self.flows) if self.flows else 0.0
         for f in self.flows.values():
-            f[0] -= share * (t - self.last)
+            f[0] = max(f[0] - share * (t - self.last), 0.0)
         self.last = t
-        done = [rid for rid, f in self.flows.items() if f[1] <= t]
         for rid in done:
             del self.flows[rid]
             self.log[rid]["read_done"] = t
-        for s in [s for s in self.starting if s[0] <= t]:
+        for s in starting:
             self.starting.remove(s)
             self.flows[s[1]] = [float(s[2]), None]
             self.log[s[1]] = {"read_start": t}
@@ -333,8 +355,8 @@ def run(trace):
         #    the first update_from_output at or after t.
         if reads is not None:
             for rid in reads.advance(t):
-                engines[1].finished_recving.add(rid)
-                engines[0].finished_sending.add(rid)
+                engines[1].finished_recving[rid] = None
+                engines[0].finished_sending[rid] = None
                 engines[0].wake = engines[1].wake = True
         # 2. Steps that end now (prefiller first, so that a decode leg it
         #    releases at t is visible to the decoder's step formed at t).
@@ -387,9 +409,21 @@ def dumps(report):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("trace")
+    ap.add_argument("trace", nargs="?")
     ap.add_argument("--json", help="write the report here (default: stdout)")
+    ap.add_argument("--fuzz", type=int, metavar="N",
+                    help="differential fuzzing instead: N random traces, each run here and by "
+                         "`pdsim replay`, stopping at the first divergence (fuzz.py)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of --fuzz")
+    ap.add_argument("--start", type=int, default=0, help="first trace of --fuzz (default 0)")
+    ap.add_argument("--pdsim", help="pdsim binary for --fuzz (default: target/release/pdsim)")
     args = ap.parse_args()
+    if args.fuzz is not None:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import fuzz
+        sys.exit(fuzz.fuzz(args.fuzz, args.seed, args.pdsim, start=args.start))
+    if args.trace is None:
+        ap.error("a trace is required (or --fuzz N)")
     with open(args.trace) as f:
         report = run(json.load(f))
     text = dumps(report)
