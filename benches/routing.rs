@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use pdsim::policy::{Policies, PodView, ReqView, Role};
+use pdsim::policy::{PodView, Policies, ReqView, Role};
 
 fn pod(role: &str, index: i64, active: i64, cached: i64) -> PodView {
     PodView {
@@ -38,16 +38,32 @@ fn time(name: &str, n: u32, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-        // PDSIM_DECIDER=path swaps the decider (to measure a script of your own).
-    let sets: Vec<String> = std::env::var("PDSIM_DECIDER").map(|p| vec![format!("router.decider.script={p}")]).unwrap_or_default();
-    let sc = pdsim::scenario::load(Path::new("scenarios/llmd_nixl_pull.ron"), &sets).expect("scenario");
+    // PDSIM_DECIDER=path swaps the decider (to measure a script of your own).
+    let sets: Vec<String> = std::env::var("PDSIM_DECIDER")
+        .map(|p| vec![format!("router.decider.script={p}")])
+        .unwrap_or_default();
+    let sc =
+        pdsim::scenario::load(Path::new("scenarios/llmd_nixl_pull.ron"), &sets).expect("scenario");
     let router = pdsim::scenario::expand_plugins(&sc.raw.router).expect("plugins");
     let mut p = Policies::load(&router, 1, sc.lib_dir.as_deref()).expect("policies");
-    println!("setup: policies of {} (release build), 2 candidate pods per profile", sc.source.display());
-    let req = ReqView { id: 1, session: 7, turn: 2, prompt_tokens: 2500, new_tokens: 600, block_size: 16 };
+    println!(
+        "setup: policies of {} (release build), 2 candidate pods per profile",
+        sc.source.display()
+    );
+    let req = ReqView {
+        id: 1,
+        session: 7,
+        turn: 2,
+        prompt_tokens: 2500,
+        new_tokens: 600,
+        block_size: 16,
+    };
     let decoders = [pod("decode", 0, 3, 1600), pod("decode", 1, 2, 0)];
     let prefillers = [pod("prefill", 0, 1, 0), pod("prefill", 1, 0, 800)];
-    let n: u32 = std::env::var("PDSIM_BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(20_000);
+    let n: u32 = std::env::var("PDSIM_BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
     let d = time("decide (decider)", n, || {
         std::hint::black_box(p.decide(&req, &decoders[0]).unwrap());
     });
@@ -57,5 +73,9 @@ fn main() {
     let pre = time("prefill profile (filter, scorer ×2, picker)", n, || {
         std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
     });
-    println!("  {:<34}{:>8.2} µs", "a remote decision (all three)", d + dec + pre);
+    println!(
+        "  {:<34}{:>8.2} µs",
+        "a remote decision (all three)",
+        d + dec + pre
+    );
 }

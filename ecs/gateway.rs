@@ -128,7 +128,7 @@ pub fn routing_system(
         router.decisions += 1;
         router.seconds += started.elapsed().as_secs_f64();
         match decision {
-                        Ok((decoder, prefiller)) => {
+            Ok((decoder, prefiller)) => {
                 let mut r = reqs.get_mut(id).expect("routed request");
                 tracing::debug!(
                     request = r.id,

@@ -18,8 +18,7 @@
 //! available to every script by file name (`lib/pd.rhai` → `pd::f(x)`).
 
 use rhai::{
-    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Module,
-    Scope,
+    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Module, Scope,
 };
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -99,7 +98,9 @@ impl Hook {
         match self {
             Hook::Decide => "fn decide(req, pod) -> bool",
             Hook::Filter => "fn filter(req, pods) -> array",
-            Hook::Score | Hook::ScoreAll => "fn score(req, pod) -> float, or fn score_all(req, pods) -> array",
+            Hook::Score | Hook::ScoreAll => {
+                "fn score(req, pod) -> float, or fn score_all(req, pods) -> array"
+            }
             Hook::Pick => "fn pick(req, pods, scores) -> int",
         }
     }
@@ -164,13 +165,15 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
     engine.set_fail_on_invalid_map_property(true);
     engine.set_max_operations(MAX_OPERATIONS);
     engine.set_max_call_levels(64);
-        engine.set_max_expr_depths(64, 64);
+    engine.set_max_expr_depths(64, 64);
     // No separate size limits for strings, arrays and maps: the operation
     // limit bounds what a call can build (and rhai's size checks do not
     // accept the shared values that pods and `state` are passed as).
     engine.set_optimization_level(rhai::OptimizationLevel::Simple);
     engine.on_print(|s| tracing::info!(target: "pdsim::script", "{s}"));
-    engine.on_debug(|s, src, pos| tracing::debug!(target: "pdsim::script", "{}:{pos}: {s}", src.unwrap_or("")));
+    engine.on_debug(
+        |s, src, pos| tracing::debug!(target: "pdsim::script", "{}:{pos}: {s}", src.unwrap_or("")),
+    );
     #[allow(deprecated)]
     engine.on_var(|name, _, ctx| {
         Ok(match name {
@@ -180,7 +183,7 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
         })
     });
 
-        engine
+    engine
         .register_type_with_name::<ReqView>("Request")
         .register_get("id", |r: &mut ReqView| r.id)
         .register_get("session", |r: &mut ReqView| r.session)
@@ -206,55 +209,105 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
         .register_get("nic_flows", |p: &mut PodView| p.nic_flows)
         .register_get("router_requests", |p: &mut PodView| p.router_requests)
         .register_get("router_tokens", |p: &mut PodView| p.router_tokens)
-        .register_get("router_cached_tokens", |p: &mut PodView| p.router_cached_tokens);
+        .register_get("router_cached_tokens", |p: &mut PodView| {
+            p.router_cached_tokens
+        });
 
     // Seeded randomness for policies (random tie-breaks, random pickers):
     // one stream per run, drawn in routing order, so runs are reproducible.
-    let rng = Arc::new(Mutex::new(Xoshiro256PlusPlus::seed_from_u64(seed ^ 0x5EED_0F20_07E5)));
+    let rng = Arc::new(Mutex::new(Xoshiro256PlusPlus::seed_from_u64(
+        seed ^ 0x5EED_0F20_07E5,
+    )));
     let r = rng.clone();
-    engine.register_fn("random", move || -> f64 { r.lock().unwrap().random::<f64>() });
-        let r = rng.clone();
+    engine.register_fn("random", move || -> f64 {
+        r.lock().unwrap().random::<f64>()
+    });
+    let r = rng.clone();
     engine.register_fn("random_int", move |n: i64| -> i64 {
-        if n <= 0 { 0 } else { r.lock().unwrap().random_range(0..n) }
+        if n <= 0 {
+            0
+        } else {
+            r.lock().unwrap().random_range(0..n)
+        }
     });
     // argmax(scores, ties): index of the largest score; ties to the first
     // ("first") or at random among the tied ("random"). Native for speed:
     // every max-score pick calls it.
-    engine.register_fn("argmax", move |scores: Array, ties: ImmutableString| -> std::result::Result<i64, Box<EvalAltResult>> {
-        let values: Vec<f64> = scores
-            .iter()
-            .map(|v| number(v).ok_or_else(|| format!("argmax: scores must be numbers, found {}", v.type_name()).into()))
-            .collect::<std::result::Result<_, Box<EvalAltResult>>>()?;
-        let Some(best) = values.iter().copied().reduce(f64::max) else {
-            return Err("argmax: no scores".into());
-        };
-        let tied = values.iter().filter(|&&v| v == best).count();
-        let nth = match ties.as_str() {
-            "first" => 0,
-            "random" => rng.lock().unwrap().random_range(0..tied),
-            other => return Err(format!("argmax: ties must be \"first\" or \"random\", not {other:?}").into()),
-        };
-        Ok(values.iter().enumerate().filter(|(_, v)| **v == best).nth(nth).map(|(i, _)| i as i64).unwrap_or(0))
-    });
+    engine.register_fn(
+        "argmax",
+        move |scores: Array,
+              ties: ImmutableString|
+              -> std::result::Result<i64, Box<EvalAltResult>> {
+            let values: Vec<f64> = scores
+                .iter()
+                .map(|v| {
+                    number(v).ok_or_else(|| {
+                        format!("argmax: scores must be numbers, found {}", v.type_name()).into()
+                    })
+                })
+                .collect::<std::result::Result<_, Box<EvalAltResult>>>()?;
+            let Some(best) = values.iter().copied().reduce(f64::max) else {
+                return Err("argmax: no scores".into());
+            };
+            let tied = values.iter().filter(|&&v| v == best).count();
+            let nth = match ties.as_str() {
+                "first" => 0,
+                "random" => rng.lock().unwrap().random_range(0..tied),
+                other => {
+                    return Err(format!(
+                        "argmax: ties must be \"first\" or \"random\", not {other:?}"
+                    )
+                    .into());
+                }
+            };
+            Ok(values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| **v == best)
+                .nth(nth)
+                .map(|(i, _)| i as i64)
+                .unwrap_or(0))
+        },
+    );
 
     // Shared modules: every lib/NAME.rhai becomes the namespace NAME::.
     if let Some(dir) = lib {
         let mut files: Vec<_> = std::fs::read_dir(dir)
-            .map_err(|e| Error::new(format!("cannot read the script library {}: {e}", dir.display())))?
+            .map_err(|e| {
+                Error::new(format!(
+                    "cannot read the script library {}: {e}",
+                    dir.display()
+                ))
+            })?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "rhai"))
             .collect();
         files.sort();
         for path in files {
-            let name = path.file_stem().unwrap().to_string_lossy().replace('-', "_");
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| Error::new(format!("cannot read script module {}: {e}", path.display())))?;
+            let name = path
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .replace('-', "_");
+            let text = std::fs::read_to_string(&path).map_err(|e| {
+                Error::new(format!("cannot read script module {}: {e}", path.display()))
+            })?;
             let mut ast = engine.compile(&text).map_err(|e| {
-                Error::new(format!("script module {}, line {}: syntax error: {}", path.display(), e.1.line().unwrap_or(0), e.0))
+                Error::new(format!(
+                    "script module {}, line {}: syntax error: {}",
+                    path.display(),
+                    e.1.line().unwrap_or(0),
+                    e.0
+                ))
             })?;
             ast.set_source(path.to_string_lossy().as_ref());
             let module = Module::eval_ast_as_new(Scope::new(), &ast, &engine).map_err(|e| {
-                Error::new(format!("script module {}, line {}: {}", path.display(), error_line(&e).unwrap_or(0), describe(&e)))
+                Error::new(format!(
+                    "script module {}, line {}: {}",
+                    path.display(),
+                    error_line(&e).unwrap_or(0),
+                    describe(&e)
+                ))
             })?;
             engine.register_static_module(name.as_str(), module.into());
         }
@@ -275,7 +328,10 @@ fn to_dynamic(v: &ParamValue) -> Dynamic {
 }
 
 fn map_of(params: &BTreeMap<String, ParamValue>) -> Map {
-    params.iter().map(|(k, v)| (k.as_str().into(), to_dynamic(v))).collect()
+    params
+        .iter()
+        .map(|(k, v)| (k.as_str().into(), to_dynamic(v)))
+        .collect()
 }
 
 /// The line an error happened at, looking inside nested function calls.
@@ -290,7 +346,9 @@ fn describe(err: &EvalAltResult) -> String {
     match err {
         EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => describe(inner),
         EvalAltResult::ErrorTooManyOperations(_) => {
-            format!("the script ran more than {MAX_OPERATIONS} operations (an endless loop?) and was stopped")
+            format!(
+                "the script ran more than {MAX_OPERATIONS} operations (an endless loop?) and was stopped"
+            )
         }
         other => {
             // Drop rhai's own "(line x, position y)" suffix: we print the line.
@@ -306,7 +364,9 @@ fn describe(err: &EvalAltResult) -> String {
 /// The 1-based line where `fn NAME(` is defined in `text`.
 fn definition_line(text: &str, name: &str) -> Option<usize> {
     let needle = format!("fn {name}(");
-    text.lines().position(|l| l.trim_start().starts_with(&needle)).map(|i| i + 1)
+    text.lines()
+        .position(|l| l.trim_start().starts_with(&needle))
+        .map(|i| i + 1)
 }
 
 impl Plugin {
@@ -317,27 +377,38 @@ impl Plugin {
         params: &BTreeMap<String, ParamValue>,
         weight: f64,
     ) -> Result<Plugin> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
         let mut scope = Scope::new();
         // Declared (not constant, so the optimizer does not inline them) for
         // strict-variable checking; their values come from `on_var` per call.
         scope.push("params", Map::new());
         scope.push("state", Map::new());
         let mut ast = engine.compile_with_scope(&scope, &text).map_err(|e| {
-            let line = e.1.line().map(|l| format!(", line {l}")).unwrap_or_default();
+            let line =
+                e.1.line()
+                    .map(|l| format!(", line {l}"))
+                    .unwrap_or_default();
             Error::new(format!("script {path}{line}: syntax error: {}", e.0))
         })?;
         ast.set_source(path);
-                // Run the top level once (constants, setup), then keep only functions.
+        // Run the top level once (constants, setup), then keep only functions.
         engine.run_ast_with_scope(&mut scope, &ast).map_err(|e| {
-            Error::new(format!("script {path}, top level, line {}: {}", error_line(&e).unwrap_or(0), describe(&e)))
+            Error::new(format!(
+                "script {path}, top level, line {}: {}",
+                error_line(&e).unwrap_or(0),
+                describe(&e)
+            ))
         })?;
         ast.clear_statements();
         // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
         // scenario's parameters override them.
         let mut merged = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
         merged.extend(map_of(params));
-        let defines = |h: Hook| ast.iter_functions().any(|f| f.name == h.name() && f.params.len() == h.arity());
+        let defines = |h: Hook| {
+            ast.iter_functions()
+                .any(|f| f.name == h.name() && f.params.len() == h.arity())
+        };
         let hook = match kind {
             Hook::Score if !defines(Hook::Score) && defines(Hook::ScoreAll) => Hook::ScoreAll,
             h => h,
@@ -349,7 +420,7 @@ impl Plugin {
                 kind.signature()
             )));
         }
-                let env = PluginEnv {
+        let env = PluginEnv {
             params: Dynamic::from_map(merged).into_shared(),
             state: Dynamic::from_map(Map::new()).into_shared(),
         };
@@ -364,16 +435,28 @@ impl Plugin {
     }
 
     fn call(&self, engine: &Engine, args: impl rhai::FuncArgs, req: &ReqView) -> Result<Dynamic> {
-        let options = CallFnOptions::new().eval_ast(false).rewind_scope(false).with_tag(self.env.clone());
+        let options = CallFnOptions::new()
+            .eval_ast(false)
+            .rewind_scope(false)
+            .with_tag(self.env.clone());
         engine
-            .call_fn_with_options::<Dynamic>(options, &mut Scope::new(), &self.ast, self.hook.name(), args)
+            .call_fn_with_options::<Dynamic>(
+                options,
+                &mut Scope::new(),
+                &self.ast,
+                self.hook.name(),
+                args,
+            )
             .map_err(|e| self.error(&describe(&e), error_line(&e), req))
     }
 
     /// An error naming the script, the hook, the line and the request. For
     /// a wrong return value the line is the hook's definition.
     pub fn error(&self, what: &str, line: Option<usize>, req: &ReqView) -> Error {
-        let line = line.or(self.hook_line).map(|l| format!(", line {l}")).unwrap_or_default();
+        let line = line
+            .or(self.hook_line)
+            .map(|l| format!(", line {l}"))
+            .unwrap_or_default();
         Error::new(format!(
             "script {}, hook `{}`{line}: {what} (while routing request {} of session {}, turn {})",
             self.path,
@@ -386,7 +469,9 @@ impl Plugin {
 }
 
 fn number(v: &Dynamic) -> Option<f64> {
-    v.as_float().ok().or_else(|| v.as_int().ok().map(|i| i as f64))
+    v.as_float()
+        .ok()
+        .or_else(|| v.as_int().ok().map(|i| i as f64))
 }
 
 impl Profile {
@@ -414,7 +499,13 @@ impl Policies {
     pub fn load(router: &scenario::Router, seed: u64, lib: Option<&Path>) -> Result<Policies> {
         let engine = new_engine(seed, lib)?;
         Ok(Policies {
-            decider: Plugin::load(&engine, &router.decider.script, Hook::Decide, &router.decider.params, 1.0)?,
+            decider: Plugin::load(
+                &engine,
+                &router.decider.script,
+                Hook::Decide,
+                &router.decider.params,
+                1.0,
+            )?,
             decode: Profile::load(&engine, &router.decode)?,
             prefill: Profile::load(&engine, &router.prefill)?,
             engine,
@@ -428,7 +519,13 @@ impl Policies {
     /// keeping the engine (and its seeded random stream). Plugins restart
     /// with empty state.
     pub fn reload(&mut self, router: &scenario::Router) -> Result<()> {
-        self.decider = Plugin::load(&self.engine, &router.decider.script, Hook::Decide, &router.decider.params, 1.0)?;
+        self.decider = Plugin::load(
+            &self.engine,
+            &router.decider.script,
+            Hook::Decide,
+            &router.decider.params,
+            1.0,
+        )?;
         self.decode = Profile::load(&self.engine, &router.decode)?;
         self.prefill = Profile::load(&self.engine, &router.prefill)?;
         Ok(())
@@ -437,9 +534,14 @@ impl Policies {
     /// The decider's verdict: prefill remotely?
     pub fn decide(&self, req: &ReqView, pod: &PodView) -> Result<bool> {
         let d = &self.decider;
-                        let out = d.call(&self.engine, (req.clone(), pod.clone()), req)?;
-        out.as_bool()
-            .map_err(|t| d.error(&format!("`decide` must return a bool, it returned {t}"), None, req))
+        let out = d.call(&self.engine, (req.clone(), pod.clone()), req)?;
+        out.as_bool().map_err(|t| {
+            d.error(
+                &format!("`decide` must return a bool, it returned {t}"),
+                None,
+                req,
+            )
+        })
     }
 
     /// Runs a profile over `pods`; returns the position in `pods` of the pick.
@@ -449,39 +551,62 @@ impl Policies {
             Role::Prefill => &self.prefill,
         };
         // Each pod is boxed into a script value once per decision; calls share it.
-                        let req_arg = Dynamic::from(req.clone());
+        let req_arg = Dynamic::from(req.clone());
         self.pod_args.clear();
-        self.pod_args.extend(pods.iter().map(|p| Dynamic::from(p.clone())));
+        self.pod_args
+            .extend(pods.iter().map(|p| Dynamic::from(p.clone())));
         let candidates = &mut self.candidates;
         candidates.clear();
         candidates.extend(0..pods.len());
-        let array_of = |c: &[usize], args: &[Dynamic]| -> Array { c.iter().map(|&i| args[i].clone()).collect() };
+        let array_of = |c: &[usize], args: &[Dynamic]| -> Array {
+            c.iter().map(|&i| args[i].clone()).collect()
+        };
 
         // Filters: each keeps a subset; keeping nobody is an error (a request
         // must go somewhere: llm-d's filters fall back to all themselves).
         for f in &profile.filters {
-            let out = f.call(&self.engine, (req_arg.clone(), array_of(candidates, &self.pod_args)), req)?;
+            let out = f.call(
+                &self.engine,
+                (req_arg.clone(), array_of(candidates, &self.pod_args)),
+                req,
+            )?;
             let kept = out
                 .try_cast::<Array>()
                 .ok_or_else(|| f.error("`filter` must return an array of pods", None, req))?;
             let mut next = Vec::with_capacity(kept.len());
             for k in kept {
-                                                                let index = k
+                let index = k
                     .flatten()
                     .try_cast::<PodView>()
                     .map(|p| p.index)
-                    .ok_or_else(|| f.error("`filter` must return pods (items of its `pods` argument)", None, req))?;
+                    .ok_or_else(|| {
+                        f.error(
+                            "`filter` must return pods (items of its `pods` argument)",
+                            None,
+                            req,
+                        )
+                    })?;
                 let pos = candidates
                     .iter()
                     .copied()
                     .find(|&i| pods[i].index == index)
-                    .ok_or_else(|| f.error(&format!("`filter` returned pod {index}, which was not a candidate"), None, req))?;
+                    .ok_or_else(|| {
+                        f.error(
+                            &format!("`filter` returned pod {index}, which was not a candidate"),
+                            None,
+                            req,
+                        )
+                    })?;
                 if !next.contains(&pos) {
                     next.push(pos);
                 }
             }
             if next.is_empty() {
-                return Err(f.error("`filter` kept no pod; a filter must keep at least one", None, req));
+                return Err(f.error(
+                    "`filter` kept no pod; a filter must keep at least one",
+                    None,
+                    req,
+                ));
             }
             next.sort_unstable();
             *candidates = next;
@@ -493,23 +618,50 @@ impl Policies {
         for s in &profile.scorers {
             let add = |k: usize, out: &Dynamic, scores: &mut Vec<f64>| -> Result<()> {
                 let v = number(out).ok_or_else(|| {
-                    s.error(&format!("`{}` must return numbers, it returned {}", s.hook.name(), out.type_name()), None, req)
+                    s.error(
+                        &format!(
+                            "`{}` must return numbers, it returned {}",
+                            s.hook.name(),
+                            out.type_name()
+                        ),
+                        None,
+                        req,
+                    )
                 })?;
                 if !v.is_finite() {
                     let pod = pods[candidates[k]].index;
-                    return Err(s.error(&format!("`{}` returned {v} for pod {pod}; scores must be finite", s.hook.name()), None, req));
+                    return Err(s.error(
+                        &format!(
+                            "`{}` returned {v} for pod {pod}; scores must be finite",
+                            s.hook.name()
+                        ),
+                        None,
+                        req,
+                    ));
                 }
                 scores[k] += s.weight * v;
                 Ok(())
             };
             if s.hook == Hook::ScoreAll {
-                let out = s.call(&self.engine, (req_arg.clone(), array_of(candidates, &self.pod_args)), req)?;
-                let arr = out
-                    .try_cast::<Array>()
-                    .ok_or_else(|| s.error("`score_all` must return an array with one number per pod", None, req))?;
+                let out = s.call(
+                    &self.engine,
+                    (req_arg.clone(), array_of(candidates, &self.pod_args)),
+                    req,
+                )?;
+                let arr = out.try_cast::<Array>().ok_or_else(|| {
+                    s.error(
+                        "`score_all` must return an array with one number per pod",
+                        None,
+                        req,
+                    )
+                })?;
                 if arr.len() != candidates.len() {
                     return Err(s.error(
-                        &format!("`score_all` returned {} scores for {} pods", arr.len(), candidates.len()),
+                        &format!(
+                            "`score_all` returned {} scores for {} pods",
+                            arr.len(),
+                            candidates.len()
+                        ),
                         None,
                         req,
                     ));
@@ -519,21 +671,40 @@ impl Policies {
                 }
             } else {
                 for k in 0..candidates.len() {
-                    let out = s.call(&self.engine, (req_arg.clone(), self.pod_args[candidates[k]].clone()), req)?;
+                    let out = s.call(
+                        &self.engine,
+                        (req_arg.clone(), self.pod_args[candidates[k]].clone()),
+                        req,
+                    )?;
                     add(k, &out, &mut self.scores)?;
                 }
             }
         }
 
-        let scores: Array = self.scores.iter().map(|&v| Dynamic::from_float(v)).collect();
+        let scores: Array = self
+            .scores
+            .iter()
+            .map(|&v| Dynamic::from_float(v))
+            .collect();
         let p = &profile.picker;
-        let out = p.call(&self.engine, (req_arg, array_of(candidates, &self.pod_args), scores), req)?;
-        let idx = out
-            .as_int()
-            .map_err(|t| p.error(&format!("`pick` must return an int index, it returned {t}"), None, req))?;
+        let out = p.call(
+            &self.engine,
+            (req_arg, array_of(candidates, &self.pod_args), scores),
+            req,
+        )?;
+        let idx = out.as_int().map_err(|t| {
+            p.error(
+                &format!("`pick` must return an int index, it returned {t}"),
+                None,
+                req,
+            )
+        })?;
         if idx < 0 || idx as usize >= candidates.len() {
             return Err(p.error(
-                &format!("`pick` returned index {idx}, but there are {} candidates", candidates.len()),
+                &format!(
+                    "`pick` returned index {idx}, but there are {} candidates",
+                    candidates.len()
+                ),
                 None,
                 req,
             ));
@@ -561,5 +732,12 @@ impl Role {
 /// Loads a script file standing alone (for `pdsim check` and tests).
 pub fn check_script(path: &Path, hook: Hook, lib: Option<&Path>) -> Result<()> {
     let engine = new_engine(0, lib)?;
-    Plugin::load(&engine, &path.to_string_lossy(), hook, &BTreeMap::new(), 1.0).map(|_| ())
+    Plugin::load(
+        &engine,
+        &path.to_string_lossy(),
+        hook,
+        &BTreeMap::new(),
+        1.0,
+    )
+    .map(|_| ())
 }

@@ -56,7 +56,7 @@ pub struct RouterBook {
     /// Blocks per pod in the approximate prefix index (0: no index).
     capacity: usize,
     block_size: u32,
-        prefill_index: Vec<PrefixLru>,
+    prefill_index: Vec<PrefixLru>,
     decode_index: Vec<PrefixLru>,
     role_names: [rhai::ImmutableString; 2],
 }
@@ -74,12 +74,12 @@ impl RouterBook {
             capacity: index_blocks as usize,
             block_size,
             prefill_index: (0..num_prefill).map(|_| PrefixLru::default()).collect(),
-                        decode_index: (0..num_decode).map(|_| PrefixLru::default()).collect(),
+            decode_index: (0..num_decode).map(|_| PrefixLru::default()).collect(),
             role_names: [Role::Prefill.name().into(), Role::Decode.name().into()],
         }
     }
 
-        /// The role's name as scripts see it (allocated once).
+    /// The role's name as scripts see it (allocated once).
     pub fn role_name(&self, role: Role) -> rhai::ImmutableString {
         self.role_names[role as usize].clone()
     }

@@ -401,7 +401,11 @@ fn resolve_script_paths(raw: &mut RawScenario, dir: &Path) {
 /// parameters (entry parameters merged over the named plugin's).
 pub fn expand_plugins(router: &Router) -> Result<Router> {
     let mut out = router.clone();
-    let expand = |what: &str, plugin: &Option<String>, script: &mut String, params: &mut BTreeMap<String, ParamValue>| -> Result<()> {
+    let expand = |what: &str,
+                  plugin: &Option<String>,
+                  script: &mut String,
+                  params: &mut BTreeMap<String, ParamValue>|
+     -> Result<()> {
         if let Some(name) = plugin {
             let named = router.plugins.get(name).ok_or_else(|| {
                 let known: Vec<String> = router.plugins.keys().map(|k| format!("`{k}`")).collect();
@@ -418,7 +422,9 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
             *params = merged;
         }
         if script.is_empty() {
-            return Err(Error::new(format!("{what} names neither a `script` nor a `plugin`")));
+            return Err(Error::new(format!(
+                "{what} names neither a `script` nor a `plugin`"
+            )));
         }
         Ok(())
     };
@@ -426,13 +432,28 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
     expand("router.decider", &d.plugin, &mut d.script, &mut d.params)?;
     for (role, profile) in [("decode", &mut out.decode), ("prefill", &mut out.prefill)] {
         for (i, f) in profile.filters.iter_mut().enumerate() {
-            expand(&format!("router.{role}.filters.{i}"), &f.plugin, &mut f.script, &mut f.params)?;
+            expand(
+                &format!("router.{role}.filters.{i}"),
+                &f.plugin,
+                &mut f.script,
+                &mut f.params,
+            )?;
         }
         for (i, s) in profile.scorers.iter_mut().enumerate() {
-            expand(&format!("router.{role}.scorers.{i}"), &s.plugin, &mut s.script, &mut s.params)?;
+            expand(
+                &format!("router.{role}.scorers.{i}"),
+                &s.plugin,
+                &mut s.script,
+                &mut s.params,
+            )?;
         }
         let p = &mut profile.picker;
-        expand(&format!("router.{role}.picker"), &p.plugin, &mut p.script, &mut p.params)?;
+        expand(
+            &format!("router.{role}.picker"),
+            &p.plugin,
+            &mut p.script,
+            &mut p.params,
+        )?;
     }
     Ok(out)
 }
@@ -730,7 +751,7 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             );
         }
     }
-        if let Err(e) = expand_plugins(&raw.router) {
+    if let Err(e) = expand_plugins(&raw.router) {
         need(false, e.to_string());
     }
     let mut last_at = 0.0;
@@ -742,12 +763,14 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
                 p.at
             ),
         );
-                last_at = p.at;
+        last_at = p.at;
         for (path, value) in &p.set {
             if !(path.starts_with("router.") || path.starts_with("workload.")) {
                 need(
                     false,
-                    format!("phases.{i}: `{path}` cannot change during a run (a phase may change router.* and workload.*)"),
+                    format!(
+                        "phases.{i}: `{path}` cannot change during a run (a phase may change router.* and workload.*)"
+                    ),
                 );
                 continue;
             }
@@ -763,7 +786,7 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.join("\n  - ")
         )));
     }
-        let lib = source.parent().unwrap_or(Path::new(".")).join("../lib");
+    let lib = source.parent().unwrap_or(Path::new(".")).join("../lib");
     Ok(Scenario {
         lib_dir: lib.is_dir().then_some(lib),
         raw,

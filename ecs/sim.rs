@@ -202,7 +202,7 @@ pub fn step_end_system(
             match r.leg {
                 Leg::Prefill => handoffs.queue.push(id),
                 Leg::Decode => {
-                                        tracing::debug!(
+                    tracing::debug!(
                         request = r.id,
                         ttft = r.first_token_at.unwrap_or(f64::NAN) - r.t0,
                         response = now - r.t0,
@@ -375,7 +375,7 @@ pub fn phase_system(
             }
         }
         if let RouterMode::Scripts(p) = &mut router.mode
-                        && let Err(e) = scenario::expand_plugins(&raw.router).and_then(|r| p.reload(&r))
+            && let Err(e) = scenario::expand_plugins(&raw.router).and_then(|r| p.reload(&r))
         {
             status.error = Some(e);
             return;
@@ -398,7 +398,7 @@ impl Sim {
     /// the router with its compiled scripts, the workload.
     pub fn new(scenario: &Scenario) -> Result<Sim> {
         let raw = &scenario.raw;
-                let router = scenario::expand_plugins(&raw.router)?;
+        let router = scenario::expand_plugins(&raw.router)?;
         let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
         Self::build(scenario, RouterMode::Scripts(Box::new(policies)), None)
     }
@@ -595,7 +595,7 @@ impl Sim {
             while let Some(e) = agenda.pop_at(t) {
                 events.push(e);
             }
-                        let mut clock = world.resource_mut::<Clock>();
+            let mut clock = world.resource_mut::<Clock>();
             clock.now = t;
             clock.ticks += 1;
         });

@@ -128,13 +128,22 @@ fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
     let decider = "// answers a number\nfn decide(req, pod) {\n    42\n}\n";
     std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
     let err = run(&dir, &[]);
-    assert!(err.contains("must return a bool") && err.contains("hook `decide`, line 2"), "{err}");
-    assert!(err.contains("prefix-based-pd-decider.rhai") && err.contains("request 0"), "{err}");
+    assert!(
+        err.contains("must return a bool") && err.contains("hook `decide`, line 2"),
+        "{err}"
+    );
+    assert!(
+        err.contains("prefix-based-pd-decider.rhai") && err.contains("request 0"),
+        "{err}"
+    );
     let dir = sandbox("pick");
     let picker = "fn pick(req, pods, scores) {\n    pods.len()\n}\n";
     std::fs::write(dir.join("scripts/max-score-picker.rhai"), picker).unwrap();
     let err = run(&dir, &[]);
-    assert!(err.contains("max-score-picker.rhai, hook `pick`, line 1") && err.contains("index 1"), "{err}");
+    assert!(
+        err.contains("max-score-picker.rhai, hook `pick`, line 1") && err.contains("index 1"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -144,7 +153,10 @@ fn a_nan_score_is_an_error() {
     std::fs::write(dir.join("scripts/token-load-scorer.rhai"), scorer).unwrap();
     // Every request is remote (non_cached_tokens 1), so the prefill profile runs.
     let err = run(&dir, &[]);
-    assert!(err.contains("token-load-scorer.rhai, hook `score`, line 3") && err.contains("NaN"), "{err}");
+    assert!(
+        err.contains("token-load-scorer.rhai, hook `score`, line 3") && err.contains("NaN"),
+        "{err}"
+    );
     assert!(err.contains("scores must be finite"), "{err}");
 }
 
@@ -152,9 +164,16 @@ fn a_nan_score_is_an_error() {
 fn a_filter_that_keeps_nobody_is_an_error() {
     let dir = sandbox("empty");
     let filter = "fn filter(req, pods) {\n    []\n}\n";
-    std::fs::write(dir.join("scripts/prefix-cache-affinity-filter.rhai"), filter).unwrap();
+    std::fs::write(
+        dir.join("scripts/prefix-cache-affinity-filter.rhai"),
+        filter,
+    )
+    .unwrap();
     let err = run(&dir, &[]);
-    assert!(err.contains("hook `filter`, line 1") && err.contains("kept no pod"), "{err}");
+    assert!(
+        err.contains("hook `filter`, line 1") && err.contains("kept no pod"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pdsim::policy::{Policies, PodView, ReqView, Role};
+use pdsim::policy::{PodView, Policies, ReqView, Role};
 use pdsim::scenario::{self, ParamValue, Plugin, Profile, Router, Scorer};
 
 fn params(kv: &[(&str, ParamValue)]) -> BTreeMap<String, ParamValue> {
@@ -15,21 +15,42 @@ fn s(v: &str) -> ParamValue {
     ParamValue::Str(v.into())
 }
 fn plugin(script: &str, p: BTreeMap<String, ParamValue>) -> Plugin {
-    Plugin { plugin: None, script: format!("scripts/{script}.rhai"), params: p }
+    Plugin {
+        plugin: None,
+        script: format!("scripts/{script}.rhai"),
+        params: p,
+    }
 }
 
 /// Policies whose decode profile is (filters, scorers, picker) and whose
 /// decider is `decider`; the prefill profile is the same as the decode one.
-fn policies(decider: Plugin, filters: Vec<Plugin>, scorers: Vec<(&str, f64, BTreeMap<String, ParamValue>)>, picker: Plugin, seed: u64) -> Policies {
+fn policies(
+    decider: Plugin,
+    filters: Vec<Plugin>,
+    scorers: Vec<(&str, f64, BTreeMap<String, ParamValue>)>,
+    picker: Plugin,
+    seed: u64,
+) -> Policies {
     let profile = Profile {
         filters,
         scorers: scorers
             .into_iter()
-            .map(|(name, weight, p)| Scorer { plugin: None, script: format!("scripts/{name}.rhai"), weight, params: p })
+            .map(|(name, weight, p)| Scorer {
+                plugin: None,
+                script: format!("scripts/{name}.rhai"),
+                weight,
+                params: p,
+            })
             .collect(),
         picker,
     };
-    let router = Router { plugins: BTreeMap::new(), prefix_index_blocks: 0, decider, decode: profile.clone(), prefill: profile };
+    let router = Router {
+        plugins: BTreeMap::new(),
+        prefix_index_blocks: 0,
+        decider,
+        decode: profile.clone(),
+        prefill: profile,
+    };
     Policies::load(&router, seed, Some(Path::new("lib"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -41,11 +62,24 @@ fn never() -> Plugin {
 }
 
 fn req(prompt: i64) -> ReqView {
-    ReqView { id: 1, session: 3, turn: 1, prompt_tokens: prompt, new_tokens: prompt, block_size: 16 }
+    ReqView {
+        id: 1,
+        session: 3,
+        turn: 1,
+        prompt_tokens: prompt,
+        new_tokens: prompt,
+        block_size: 16,
+    }
 }
 
 fn pod(index: i64) -> PodView {
-    PodView { role: "decode".into(), index, kv_capacity: 1000, max_num_seqs: 8, ..Default::default() }
+    PodView {
+        role: "decode".into(),
+        index,
+        kv_capacity: 1000,
+        max_num_seqs: 8,
+        ..Default::default()
+    }
 }
 
 /// Picks with a decode profile of one scorer and a first-index picker.
@@ -58,9 +92,21 @@ fn pick_with(scorer: &str, p: BTreeMap<String, ParamValue>, pods: &[PodView]) ->
 fn deciders() {
     let d = |script: &str, p: BTreeMap<String, ParamValue>, prompt: i64, cached: i64| {
         let pol = policies(plugin(script, p), vec![], vec![], first(), 1);
-        pol.decide(&req(prompt), &PodView { cached_tokens: cached, ..pod(0) }).unwrap()
+        pol.decide(
+            &req(prompt),
+            &PodView {
+                cached_tokens: cached,
+                ..pod(0)
+            },
+        )
+        .unwrap()
     };
-    let pb = |nct: ParamValue, pt: i64| params(&[("non_cached_tokens", nct), ("prompt_tokens", ParamValue::Int(pt))]);
+    let pb = |nct: ParamValue, pt: i64| {
+        params(&[
+            ("non_cached_tokens", nct),
+            ("prompt_tokens", ParamValue::Int(pt)),
+        ])
+    };
     let int = ParamValue::Int;
     // prompt 2000, 1600 cached: 400 uncached < 512 → local; 1000 cached → remote.
     assert!(!d("prefix-based-pd-decider", pb(int(512), 0), 2000, 1600));
@@ -71,23 +117,54 @@ fn deciders() {
     assert!(!d("prefix-based-pd-decider", pb(int(512), 3000), 2000, 0));
     // 1 = always, inf = never, 0 = disabled (llm-d).
     assert!(d("prefix-based-pd-decider", pb(int(1), 0), 20, 16));
-    assert!(!d("prefix-based-pd-decider", pb(ParamValue::Float(f64::INFINITY), 0), 16000, 0));
+    assert!(!d(
+        "prefix-based-pd-decider",
+        pb(ParamValue::Float(f64::INFINITY), 0),
+        16000,
+        0
+    ));
     assert!(!d("prefix-based-pd-decider", pb(int(0), 0), 16000, 0));
     assert!(d("always-disagg-pd-decider", BTreeMap::new(), 10, 0));
     assert!(!d("never-disagg-pd-decider", BTreeMap::new(), 10000, 0));
     // The router's estimate instead of the pod's cache.
-    let pol = policies(plugin("prefix-based-pd-decider", params(&[("source", s("router"))])), vec![], vec![], first(), 1);
-    let p = PodView { cached_tokens: 1600, router_cached_tokens: 0, ..pod(0) };
-    assert!(pol.decide(&req(2000), &p).unwrap(), "the router believes nothing is cached");
+    let pol = policies(
+        plugin(
+            "prefix-based-pd-decider",
+            params(&[("source", s("router"))]),
+        ),
+        vec![],
+        vec![],
+        first(),
+        1,
+    );
+    let p = PodView {
+        cached_tokens: 1600,
+        router_cached_tokens: 0,
+        ..pod(0)
+    };
+    assert!(
+        pol.decide(&req(2000), &p).unwrap(),
+        "the router believes nothing is cached"
+    );
 }
 
 #[test]
 fn prefix_cache_affinity_filter() {
     // Prompt 1000; cached 0, 800, 900, 100 on pods 0..3; token load equal, so
     // the first-index picker shows the lowest kept pod.
-    let pods: Vec<PodView> = [0, 800, 900, 100].iter().enumerate().map(|(i, &c)| PodView { cached_tokens: c, ..pod(i as i64) }).collect();
+    let pods: Vec<PodView> = [0, 800, 900, 100]
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| PodView {
+            cached_tokens: c,
+            ..pod(i as i64)
+        })
+        .collect();
     let choose = |ratio: f64, pods: &[PodView]| {
-        let f = plugin("prefix-cache-affinity-filter", params(&[("min_match_ratio", ParamValue::Float(ratio))]));
+        let f = plugin(
+            "prefix-cache-affinity-filter",
+            params(&[("min_match_ratio", ParamValue::Float(ratio))]),
+        );
         let mut pol = policies(never(), vec![f], vec![], first(), 1);
         pol.choose(Role::Decode, &req(1000), pods).unwrap()
     };
@@ -96,38 +173,113 @@ fn prefix_cache_affinity_filter() {
     assert_eq!(choose(0.0, &pods), 1, "0 keeps any cached pod: 1, 2, 3");
     assert_eq!(choose(0.95, &pods), 0, "nobody qualifies: all kept");
     // With a scorer preferring higher indices, "any cached" never picks pod 0.
-    let f = plugin("prefix-cache-affinity-filter", params(&[("min_match_ratio", ParamValue::Float(0.0))]));
-    let mut pol = policies(never(), vec![f], vec![("queue-scorer", 1.0, BTreeMap::new())], first(), 1);
-    let queued: Vec<PodView> = pods.iter().map(|p| PodView { queued: 3 - p.index, ..p.clone() }).collect();
+    let f = plugin(
+        "prefix-cache-affinity-filter",
+        params(&[("min_match_ratio", ParamValue::Float(0.0))]),
+    );
+    let mut pol = policies(
+        never(),
+        vec![f],
+        vec![("queue-scorer", 1.0, BTreeMap::new())],
+        first(),
+        1,
+    );
+    let queued: Vec<PodView> = pods
+        .iter()
+        .map(|p| PodView {
+            queued: 3 - p.index,
+            ..p.clone()
+        })
+        .collect();
     assert_eq!(pol.choose(Role::Decode, &req(1000), &queued).unwrap(), 3);
 }
 
 #[test]
 fn scorers() {
     // active-request: counts 3, 1, 3 → max 3 → scores 0, 2/3, 0 → pod 1.
-    let pods: Vec<PodView> = [3, 1, 3].iter().enumerate().map(|(i, &a)| PodView { active: a, ..pod(i as i64) }).collect();
-    assert_eq!(pick_with("active-request-scorer", BTreeMap::new(), &pods), 1);
+    let pods: Vec<PodView> = [3, 1, 3]
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| PodView {
+            active: a,
+            ..pod(i as i64)
+        })
+        .collect();
+    assert_eq!(
+        pick_with("active-request-scorer", BTreeMap::new(), &pods),
+        1
+    );
     // …counted by the router instead: 0, 5, 2 → pod 0.
-    let pods: Vec<PodView> = [0, 5, 2].iter().enumerate().map(|(i, &r)| PodView { router_requests: r, active: 9, ..pod(i as i64) }).collect();
-    assert_eq!(pick_with("active-request-scorer", params(&[("source", s("router"))]), &pods), 0);
+    let pods: Vec<PodView> = [0, 5, 2]
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| PodView {
+            router_requests: r,
+            active: 9,
+            ..pod(i as i64)
+        })
+        .collect();
+    assert_eq!(
+        pick_with(
+            "active-request-scorer",
+            params(&[("source", s("router"))]),
+            &pods
+        ),
+        0
+    );
     // token-load: backlog + queued = 500+1, 200+3, 200+0 → pod 2.
     let pods: Vec<PodView> = [(500, 1), (200, 3), (200, 0)]
         .iter()
         .enumerate()
-        .map(|(i, &(b, q))| PodView { prompt_backlog: b, queued: q, ..pod(i as i64) })
+        .map(|(i, &(b, q))| PodView {
+            prompt_backlog: b,
+            queued: q,
+            ..pod(i as i64)
+        })
         .collect();
     assert_eq!(pick_with("token-load-scorer", BTreeMap::new(), &pods), 2);
     // kv-cache-utilization: held 900, 100, 500 of 1000 → pod 1.
-    let pods: Vec<PodView> = [900, 100, 500].iter().enumerate().map(|(i, &h)| PodView { kv_held: h, ..pod(i as i64) }).collect();
-    assert_eq!(pick_with("kv-cache-utilization-scorer", BTreeMap::new(), &pods), 1);
+    let pods: Vec<PodView> = [900, 100, 500]
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| PodView {
+            kv_held: h,
+            ..pod(i as i64)
+        })
+        .collect();
+    assert_eq!(
+        pick_with("kv-cache-utilization-scorer", BTreeMap::new(), &pods),
+        1
+    );
     // queue: 4, 2, 0 waiting → (4 − q) / 4 = 0, 0.5, 1 → pod 2.
-    let pods: Vec<PodView> = [4, 2, 0].iter().enumerate().map(|(i, &q)| PodView { queued: q, ..pod(i as i64) }).collect();
+    let pods: Vec<PodView> = [4, 2, 0]
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| PodView {
+            queued: q,
+            ..pod(i as i64)
+        })
+        .collect();
     assert_eq!(pick_with("queue-scorer", BTreeMap::new(), &pods), 2);
     // load-aware (threshold 128): 0 → 0.5, 64 → 0.25, 200 → 0: pod 0.
-    let pods: Vec<PodView> = [0, 64, 200].iter().enumerate().map(|(i, &q)| PodView { queued: q, ..pod(i as i64) }).collect();
+    let pods: Vec<PodView> = [0, 64, 200]
+        .iter()
+        .enumerate()
+        .map(|(i, &q)| PodView {
+            queued: q,
+            ..pod(i as i64)
+        })
+        .collect();
     assert_eq!(pick_with("load-aware-scorer", BTreeMap::new(), &pods), 0);
     // prefix-cache: 160, 640, 320 of 1000 cached → pod 1.
-    let pods: Vec<PodView> = [160, 640, 320].iter().enumerate().map(|(i, &c)| PodView { cached_tokens: c, ..pod(i as i64) }).collect();
+    let pods: Vec<PodView> = [160, 640, 320]
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| PodView {
+            cached_tokens: c,
+            ..pod(i as i64)
+        })
+        .collect();
     assert_eq!(pick_with("prefix-cache-scorer", BTreeMap::new(), &pods), 1);
 }
 
@@ -136,12 +288,26 @@ fn weighted_scorers_add_up() {
     // Pod 0: queue score 1 (empty), kv score 0.1 (held 900). Pod 1: queue 0,
     // kv 0.9. Weights 1 and 1 → 1.1 vs 0.9: pod 0. Weights 1 and 3 →
     // 1.3 vs 2.7: pod 1.
-    let pods = vec![PodView { queued: 0, kv_held: 900, ..pod(0) }, PodView { queued: 5, kv_held: 100, ..pod(1) }];
+    let pods = vec![
+        PodView {
+            queued: 0,
+            kv_held: 900,
+            ..pod(0)
+        },
+        PodView {
+            queued: 5,
+            kv_held: 100,
+            ..pod(1)
+        },
+    ];
     let run = |w: f64| {
         let mut pol = policies(
             never(),
             vec![],
-            vec![("queue-scorer", 1.0, BTreeMap::new()), ("kv-cache-utilization-scorer", w, BTreeMap::new())],
+            vec![
+                ("queue-scorer", 1.0, BTreeMap::new()),
+                ("kv-cache-utilization-scorer", w, BTreeMap::new()),
+            ],
             first(),
             1,
         );
@@ -154,19 +320,40 @@ fn weighted_scorers_add_up() {
 #[test]
 fn tie_breaking_first_is_deterministic_random_is_seeded() {
     // Pods 0 and 2 tie for the best score; pod 1 is worse.
-    let pods: Vec<PodView> = [1, 4, 1].iter().enumerate().map(|(i, &a)| PodView { active: a, ..pod(i as i64) }).collect();
+    let pods: Vec<PodView> = [1, 4, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| PodView {
+            active: a,
+            ..pod(i as i64)
+        })
+        .collect();
     let picks = |ties: &str, seed: u64| {
         let picker = plugin("max-score-picker", params(&[("ties", s(ties))]));
-        let mut pol = policies(never(), vec![], vec![("active-request-scorer", 1.0, BTreeMap::new())], picker, seed);
-        (0..200).map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap()).collect::<Vec<_>>()
+        let mut pol = policies(
+            never(),
+            vec![],
+            vec![("active-request-scorer", 1.0, BTreeMap::new())],
+            picker,
+            seed,
+        );
+        (0..200)
+            .map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap())
+            .collect::<Vec<_>>()
     };
-    assert!(picks("first", 1).iter().all(|&p| p == 0), "first index, always");
+    assert!(
+        picks("first", 1).iter().all(|&p| p == 0),
+        "first index, always"
+    );
     let a = picks("random", 7);
     assert_eq!(a, picks("random", 7), "same seed, same picks");
     assert_ne!(a, picks("random", 8), "another seed, other picks");
     assert!(a.iter().all(|&p| p == 0 || p == 2), "only tied pods");
     let zeros = a.iter().filter(|&&p| p == 0).count();
-    assert!((70..130).contains(&zeros), "about half each: {zeros} of 200");
+    assert!(
+        (70..130).contains(&zeros),
+        "about half each: {zeros} of 200"
+    );
 }
 
 #[test]
@@ -174,7 +361,9 @@ fn random_and_round_robin_pickers() {
     let pods: Vec<PodView> = (0..3).map(pod).collect();
     let picks = |name: &str, seed: u64| {
         let mut pol = policies(never(), vec![], vec![], plugin(name, BTreeMap::new()), seed);
-        (0..300).map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap()).collect::<Vec<_>>()
+        (0..300)
+            .map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap())
+            .collect::<Vec<_>>()
     };
     let rr = picks("round-robin-picker", 1);
     assert_eq!(&rr[..7], &[0, 1, 2, 0, 1, 2, 0]);
@@ -234,13 +423,26 @@ fn a_phase_may_not_change_the_hardware() {
 fn named_plugins_are_expanded_with_their_parameters() {
     let sc = scenario::load(Path::new("scenarios/llmd_guide_8p2d.ron"), &[]).unwrap();
     let r = scenario::expand_plugins(&sc.raw.router).unwrap();
-    assert!(r.prefill.filters[0].script.ends_with("prefix-cache-affinity-filter.rhai"));
-    assert_eq!(r.prefill.filters[0].params["min_match_ratio"], ParamValue::Float(0.8));
+    assert!(
+        r.prefill.filters[0]
+            .script
+            .ends_with("prefix-cache-affinity-filter.rhai")
+    );
+    assert_eq!(
+        r.prefill.filters[0].params["min_match_ratio"],
+        ParamValue::Float(0.8)
+    );
     // An unknown plugin name is refused with the names that exist.
-    let err = scenario::load(Path::new("scenarios/llmd_guide_8p2d.ron"), &["router.decider.plugin=nope".to_string()])
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("plugin `nope`") && err.contains("defines"), "{err}");
+    let err = scenario::load(
+        Path::new("scenarios/llmd_guide_8p2d.ron"),
+        &["router.decider.plugin=nope".to_string()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("plugin `nope`") && err.contains("defines"),
+        "{err}"
+    );
 }
 
 /// docs/policies.md walks through writing a decider; this runs that exact
@@ -248,7 +450,10 @@ fn named_plugins_are_expanded_with_their_parameters() {
 #[test]
 fn the_decider_from_the_docs_works() {
     let doc = std::fs::read_to_string("docs/policies.md").unwrap();
-    let start = doc.find("```rhai\n").expect("a rhai block in docs/policies.md") + "```rhai\n".len();
+    let start = doc
+        .find("```rhai\n")
+        .expect("a rhai block in docs/policies.md")
+        + "```rhai\n".len();
     let script = &doc[start..start + doc[start..].find("```").unwrap()];
     assert!(script.lines().count() <= 14, "about ten lines");
     let dir = std::env::temp_dir().join(format!("pdsim-doc-{}", std::process::id()));
@@ -258,10 +463,22 @@ fn the_decider_from_the_docs_works() {
 
     // By hand: remote when ≥ 4096 uncached tokens, or ≥ 256 uncached and the
     // decoder runs at least 8 requests.
-    let decider = Plugin { plugin: None, script: path.to_string_lossy().into_owned(), params: BTreeMap::new() };
+    let decider = Plugin {
+        plugin: None,
+        script: path.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    };
     let pol = policies(decider, vec![], vec![], first(), 1);
     let at = |prompt: i64, cached: i64, running: i64| {
-        pol.decide(&req(prompt), &PodView { cached_tokens: cached, running, ..pod(0) }).unwrap()
+        pol.decide(
+            &req(prompt),
+            &PodView {
+                cached_tokens: cached,
+                running,
+                ..pod(0)
+            },
+        )
+        .unwrap()
     };
     assert!(at(5000, 0, 0), "long prompt");
     assert!(!at(5000, 2000, 0), "3000 uncached, idle decoder");
@@ -271,9 +488,16 @@ fn the_decider_from_the_docs_works() {
     // And in a run, from the command line's --set.
     let report = pdsim::run_scenario(
         Path::new("scenarios/llmd_nixl_pull.ron"),
-        &["horizon=200".to_string(), "warmup=20".to_string(), format!("router.decider.script={}", path.display())],
+        &[
+            "horizon=200".to_string(),
+            "warmup=20".to_string(),
+            format!("router.decider.script={}", path.display()),
+        ],
     )
     .unwrap();
     let remote = report.mean("remote").unwrap();
-    assert!(remote > 0.0 && remote < 0.5, "only some prompts are long: {remote}");
+    assert!(
+        remote > 0.0 && remote < 0.5,
+        "only some prompts are long: {remote}"
+    );
 }
