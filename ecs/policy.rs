@@ -670,12 +670,9 @@ impl Policies {
                     add(k, v, &mut self.scores)?;
                 }
             } else {
-                for k in 0..candidates.len() {
-                    let out = s.call(
-                        &self.engine,
-                        (req_arg.clone(), self.pod_args[candidates[k]].clone()),
-                        req,
-                    )?;
+                for (k, &pod) in candidates.iter().enumerate() {
+                    let args = (req_arg.clone(), self.pod_args[pod].clone());
+                    let out = s.call(&self.engine, args, req)?;
                     add(k, &out, &mut self.scores)?;
                 }
             }

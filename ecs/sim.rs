@@ -434,7 +434,7 @@ impl Sim {
                 links.push(nic_rate);
                 let e = world
                     .spawn((
-                        Engine::new(role, i, pool.engine.clone(), pool.cost)
+                        Engine::new(role, i, pool.engine, pool.cost)
                             .with_semantics(raw.engine_semantics),
                         KvPool(BlockPool::for_engine(&pool.engine, raw.engine_semantics)),
                         Nic {
@@ -571,10 +571,7 @@ impl Sim {
     /// Runs ticks until the horizon (or until nothing is left to happen).
     pub fn run(&mut self) -> Result<Report> {
         let wall = Instant::now();
-        loop {
-            let Some(t) = self.world.resource::<Agenda>().next_time() else {
-                break;
-            };
+        while let Some(t) = self.world.resource::<Agenda>().next_time() {
             if t > self.horizon {
                 break;
             }
