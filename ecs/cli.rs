@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::Result;
-use crate::policy::Hook;
 use crate::report::write_atomic;
 use crate::scenario;
 use crate::sim::Sim;
@@ -182,7 +181,6 @@ fn execute(command: Command) -> Result<()> {
                     .sum::<usize>(),
                 r.phases.len()
             );
-            let _ = Hook::Decide;
             Ok(())
         }
         Command::Sweep(args) => {

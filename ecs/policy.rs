@@ -725,16 +725,3 @@ impl Role {
         }
     }
 }
-
-/// Loads a script file standing alone (for `pdsim check` and tests).
-pub fn check_script(path: &Path, hook: Hook, lib: Option<&Path>) -> Result<()> {
-    let engine = new_engine(0, lib)?;
-    Plugin::load(
-        &engine,
-        &path.to_string_lossy(),
-        hook,
-        &BTreeMap::new(),
-        1.0,
-    )
-    .map(|_| ())
-}

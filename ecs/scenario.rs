@@ -786,9 +786,22 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.join("\n  - ")
         )));
     }
-    let lib = source.parent().unwrap_or(Path::new(".")).join("../lib");
+    // Shared script modules: `lib/` beside the scenario's folder, else beside
+    // the folder of the scripts it uses, else in the current directory.
+    let scenario_dir = source.parent().unwrap_or(Path::new("."));
+    let script_dir = Path::new(&raw.router.decider.script)
+        .parent()
+        .map(Path::to_path_buf);
+    let lib_dir = [
+        Some(scenario_dir.join("../lib")),
+        script_dir.map(|d| d.join("../lib")),
+        Some("lib".into()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|d| d.is_dir());
     Ok(Scenario {
-        lib_dir: lib.is_dir().then_some(lib),
+        lib_dir,
         raw,
         source: source.to_path_buf(),
         prefill_nic_tokens_per_s: nic_rates[0],
