@@ -521,8 +521,12 @@ fn set_path(
                     if !(in_params || is_params_map(&parts[..i])) {
                         let known: Vec<&String> = map.keys().collect();
                         return Err(format!(
-                            "no field `{part}` at `{}`; the fields there are {}",
-                            parts[..i].join("."),
+                            "no field `{part}` {}; the fields there are {}",
+                            if i == 0 {
+                                "at the top level".to_string()
+                            } else {
+                                format!("in `{}`", parts[..i].join("."))
+                            },
                             known
                                 .iter()
                                 .map(|k| format!("`{k}`"))
