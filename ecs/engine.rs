@@ -444,6 +444,11 @@ impl Engine {
         log.preempted.push(id);
     }
 
+    /// Token budget the running requests left for admissions in this step.
+    fn budget_left(&self) -> u32 {
+        self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>()
+    }
+
     /// Step 2: ready remote requests, then waiting ones, head-of-line.
     fn admit_waiting(
         &mut self,
@@ -451,8 +456,7 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
     ) {
-        let mut budget =
-            self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>();
+        let mut budget = self.budget_left();
         let slots = self.cfg.max_num_seqs as usize;
         while budget > 0 {
             if let Some(&id) = self.ready.front() {
@@ -497,8 +501,7 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
     ) {
-        let mut budget =
-            self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>();
+        let mut budget = self.budget_left();
         let slots = self.cfg.max_num_seqs as usize;
         let mut h = 0;
         while budget > 0 {

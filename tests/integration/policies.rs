@@ -82,6 +82,19 @@ fn pod(index: i64) -> PodView {
     }
 }
 
+/// Pods 0, 1, … with one field set from `values`.
+fn pods_with(values: &[i64], set: impl Fn(&mut PodView, i64)) -> Vec<PodView> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let mut p = pod(i as i64);
+            set(&mut p, v);
+            p
+        })
+        .collect()
+}
+
 /// Picks with a decode profile of one scorer and a first-index picker.
 fn pick_with(scorer: &str, p: BTreeMap<String, ParamValue>, pods: &[PodView]) -> usize {
     let mut pol = policies(never(), vec![], vec![(scorer, 1.0, p)], first(), 1);
@@ -152,14 +165,7 @@ fn deciders() {
 fn prefix_cache_affinity_filter() {
     // Prompt 1000; cached 0, 800, 900, 100 on pods 0..3; token load equal, so
     // the first-index picker shows the lowest kept pod.
-    let pods: Vec<PodView> = [0, 800, 900, 100]
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| PodView {
-            cached_tokens: c,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[0, 800, 900, 100], |p, v| p.cached_tokens = v);
     let choose = |ratio: f64, pods: &[PodView]| {
         let f = plugin(
             "prefix-cache-affinity-filter",
@@ -197,14 +203,7 @@ fn prefix_cache_affinity_filter() {
 #[test]
 fn scorers() {
     // active-request: counts 3, 1, 3 → max 3 → scores 0, 2/3, 0 → pod 1.
-    let pods: Vec<PodView> = [3, 1, 3]
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| PodView {
-            active: a,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[3, 1, 3], |p, v| p.active = v);
     assert_eq!(
         pick_with("active-request-scorer", BTreeMap::new(), &pods),
         1
@@ -239,47 +238,19 @@ fn scorers() {
         .collect();
     assert_eq!(pick_with("token-load-scorer", BTreeMap::new(), &pods), 2);
     // kv-cache-utilization: held 900, 100, 500 of 1000 → pod 1.
-    let pods: Vec<PodView> = [900, 100, 500]
-        .iter()
-        .enumerate()
-        .map(|(i, &h)| PodView {
-            kv_held: h,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[900, 100, 500], |p, v| p.kv_held = v);
     assert_eq!(
         pick_with("kv-cache-utilization-scorer", BTreeMap::new(), &pods),
         1
     );
     // queue: 4, 2, 0 waiting → (4 − q) / 4 = 0, 0.5, 1 → pod 2.
-    let pods: Vec<PodView> = [4, 2, 0]
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| PodView {
-            queued: q,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[4, 2, 0], |p, v| p.queued = v);
     assert_eq!(pick_with("queue-scorer", BTreeMap::new(), &pods), 2);
     // load-aware (threshold 128): 0 → 0.5, 64 → 0.25, 200 → 0: pod 0.
-    let pods: Vec<PodView> = [0, 64, 200]
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| PodView {
-            queued: q,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[0, 64, 200], |p, v| p.queued = v);
     assert_eq!(pick_with("load-aware-scorer", BTreeMap::new(), &pods), 0);
     // prefix-cache: 160, 640, 320 of 1000 cached → pod 1.
-    let pods: Vec<PodView> = [160, 640, 320]
-        .iter()
-        .enumerate()
-        .map(|(i, &c)| PodView {
-            cached_tokens: c,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[160, 640, 320], |p, v| p.cached_tokens = v);
     assert_eq!(pick_with("prefix-cache-scorer", BTreeMap::new(), &pods), 1);
 }
 
@@ -320,14 +291,7 @@ fn weighted_scorers_add_up() {
 #[test]
 fn tie_breaking_first_is_deterministic_random_is_seeded() {
     // Pods 0 and 2 tie for the best score; pod 1 is worse.
-    let pods: Vec<PodView> = [1, 4, 1]
-        .iter()
-        .enumerate()
-        .map(|(i, &a)| PodView {
-            active: a,
-            ..pod(i as i64)
-        })
-        .collect();
+    let pods = pods_with(&[1, 4, 1], |p, v| p.active = v);
     let picks = |ties: &str, seed: u64| {
         let picker = plugin("max-score-picker", params(&[("ties", s(ties))]));
         let mut pol = policies(
