@@ -24,7 +24,10 @@ pub enum RouterMode {
     Direct,
 }
 
-#[derive(Resource)]
+/// The router: its policies and its own bookkeeping. A non-send resource
+/// (`NonSendMut<Router>` in systems): the rhai engine is built without its
+/// `sync` feature, which makes every script call cheaper, and a run never
+/// leaves the thread that built it.
 pub struct Router {
     pub mode: RouterMode,
     pub book: RouterBook,
@@ -110,7 +113,7 @@ fn pod_view(
 #[allow(clippy::too_many_arguments)]
 pub fn routing_system(
     mut gateway: ResMut<Gateway>,
-    mut router: ResMut<Router>,
+    mut router: NonSendMut<Router>,
     index: Res<EngineIndex>,
     mut engines: Query<(&mut Engine, &KvPool, &Nic)>,
     mut reqs: Query<&mut Request>,
@@ -224,7 +227,7 @@ pub fn handoff_system(
     mut flows: ResMut<Flows>,
     mut engines: Query<(&mut Engine, &Nic)>,
     mut reqs: Query<&mut Request>,
-    mut router: ResMut<Router>,
+    mut router: NonSendMut<Router>,
 ) {
     let now = clock.now;
     for &id in &handoffs.queue {

@@ -12,17 +12,17 @@
 //!
 //! Scripts are compiled once; their top level runs once (at load) and hooks
 //! are called without re-running it. Every hook sees `params` (the plugin's
-//! parameters from the scenario) and `state` (a map the plugin may keep
-//! between calls, e.g. a round-robin counter), resolved per call from the
-//! call's tag, so one file can serve several plugins. Modules in `lib/` are
-//! available to every script by file name (`lib/pd.rhai` → `pd::f(x)`).
+//! parameters from the scenario, a constant folded into the hooks at load)
+//! and `state` (a map the plugin may keep between calls, e.g. a round-robin
+//! counter, resolved per call from the plugin's runtime), so one file can
+//! serve several plugins. Modules in `lib/` are available to every script
+//! by file name (`lib/pd.rhai` → `pd::f(x)`).
 
-use rhai::{
-    AST, Array, CallFnOptions, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Module, Scope,
-};
+use rhai::{AST, Array, Dynamic, Engine, EvalAltResult, ImmutableString, Map, Module, Scope};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::rc::Rc;
 
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -114,7 +114,7 @@ impl Hook {
     }
 }
 
-/// What `params` and `state` resolve to during a plugin's call.
+/// What `params` and `state` resolve to during a plugin's call (its tag).
 #[derive(Clone)]
 struct PluginEnv {
     params: Dynamic,
@@ -125,11 +125,23 @@ struct PluginEnv {
 pub struct Plugin {
     pub path: String,
     pub hook: Hook,
-    ast: AST,
     /// Line of the hook's definition (for errors found after it returned).
     hook_line: Option<usize>,
-    env: Dynamic,
+    runtime: RefCell<Runtime>,
     pub weight: f64,
+}
+
+/// A plugin's rhai runtime, kept from call to call: its functions and tag
+/// (`params`, `state`) installed once, and its function-resolution cache
+/// warm. (`Engine::call_fn` would build both afresh on every call, and
+/// resolving each getter and operator again was most of a hook's cost.)
+/// Sound because nothing a resolution depends on changes during a run: the
+/// engine is fixed after load, and a hot swap builds new plugins.
+struct Runtime {
+    global: rhai::GlobalRuntimeState,
+    caches: rhai::Caches,
+    /// The hook's local variables: empty between calls, its storage reused.
+    scope: Scope<'static>,
 }
 
 /// The scheduling profile of one role: filters → weighted scorers → picker.
@@ -174,8 +186,18 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
     engine.on_debug(
         |s, src, pos| tracing::debug!(target: "pdsim::script", "{}:{pos}: {s}", src.unwrap_or("")),
     );
+    // `eval` would turn off constant folding, which `params` relies on
+    // (see `Plugin::load`); a policy has no use for it.
+    engine.disable_symbol("eval");
+    // `state` is the calling plugin's own map, carried by the call's tag,
+    // and so is `params` where it was not folded into the hook at load (as
+    // the root of `params.x.f()`). Called for every variable read, so locals
+    // (index > 0) leave at once.
     #[allow(deprecated)]
-    engine.on_var(|name, _, ctx| {
+    engine.on_var(|name, index, ctx| {
+        if index > 0 {
+            return Ok(None);
+        }
         Ok(match name {
             "params" => ctx.tag().read_lock::<PluginEnv>().map(|e| e.params.clone()),
             "state" => ctx.tag().read_lock::<PluginEnv>().map(|e| e.state.clone()),
@@ -215,19 +237,17 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
 
     // Seeded randomness for policies (random tie-breaks, random pickers):
     // one stream per run, drawn in routing order, so runs are reproducible.
-    let rng = Arc::new(Mutex::new(Xoshiro256PlusPlus::seed_from_u64(
+    let rng = Rc::new(RefCell::new(Xoshiro256PlusPlus::seed_from_u64(
         seed ^ 0x5EED_0F20_07E5,
     )));
     let r = rng.clone();
-    engine.register_fn("random", move || -> f64 {
-        r.lock().unwrap().random::<f64>()
-    });
+    engine.register_fn("random", move || -> f64 { r.borrow_mut().random::<f64>() });
     let r = rng.clone();
     engine.register_fn("random_int", move |n: i64| -> i64 {
         if n <= 0 {
             0
         } else {
-            r.lock().unwrap().random_range(0..n)
+            r.borrow_mut().random_range(0..n)
         }
     });
     // argmax(scores, ties): index of the largest score; ties to the first
@@ -235,7 +255,7 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
     // every max-score pick calls it.
     engine.register_fn(
         "argmax",
-        move |scores: Array,
+        move |scores: &mut Array,
               ties: ImmutableString|
               -> std::result::Result<i64, Box<EvalAltResult>> {
             let values: Vec<f64> = scores
@@ -252,7 +272,7 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
             let tied = values.iter().filter(|&&v| v == best).count();
             let nth = match ties.as_str() {
                 "first" => 0,
-                "random" => rng.lock().unwrap().random_range(0..tied),
+                "random" => rng.borrow_mut().random_range(0..tied),
                 other => {
                     return Err(format!(
                         "argmax: ties must be \"first\" or \"random\", not {other:?}"
@@ -361,6 +381,77 @@ fn describe(err: &EvalAltResult) -> String {
     }
 }
 
+/// Refuses a script that reads a parameter which neither its `DEFAULTS` nor
+/// the scenario gives, or that assigns to `params`. Hooks read parameters
+/// as folded constants, so a misspelt name is caught here, at load, rather
+/// than read as `()`. (`params?.x` is an explicitly optional read and is not
+/// checked.)
+fn check_params_use(ast: &AST, params: &Map, path: &str) -> Result<()> {
+    use rhai::{ASTFlags, ASTNode, Expr, Stmt};
+    fn rooted_at_params(e: &Expr) -> bool {
+        match e {
+            Expr::Variable(v, ..) => v.1 == "params",
+            Expr::Dot(x, ..) | Expr::Index(x, ..) => rooted_at_params(&x.lhs),
+            _ => false,
+        }
+    }
+    let mut assigned = None;
+    let key = |e: &Expr| match e {
+        Expr::Property(p, _) => Some(p.2.clone()),
+        Expr::StringConstant(s, _) => Some(s.clone()),
+        Expr::Dot(x, ..) | Expr::Index(x, ..) => match &x.lhs {
+            Expr::Property(p, _) => Some(p.2.clone()),
+            Expr::StringConstant(s, _) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut missing = None;
+    ast.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Stmt(Stmt::Assignment(x))) = nodes.last()
+            && rooted_at_params(&x.1.lhs)
+        {
+            assigned = Some(x.1.lhs.position().line());
+            return false;
+        }
+        if let Some(ASTNode::Expr(Expr::Dot(x, flags, pos) | Expr::Index(x, flags, pos))) =
+            nodes.last()
+            && !flags.intersects(ASTFlags::NEGATED)
+            && matches!(&x.lhs, Expr::Variable(v, ..) if v.1 == "params")
+            && let Some(name) = key(&x.rhs)
+            && !params.contains_key(name.as_str())
+        {
+            missing = Some((name, pos.line()));
+            return false;
+        }
+        true
+    });
+    let at = |line: Option<usize>| line.map(|l| format!(", line {l}")).unwrap_or_default();
+    if let Some(line) = assigned {
+        return Err(Error::new(format!(
+            "script {path}{}: it assigns to `params`, which is read-only \
+             (parameters come from the scenario; keep what changes in `state`)",
+            at(line)
+        )));
+    }
+    match missing {
+        None => Ok(()),
+        Some((name, line)) => {
+            let known: Vec<&str> = params.keys().map(|k| k.as_str()).collect();
+            Err(Error::new(format!(
+                "script {path}{}: it reads `params.{name}`, which the scenario does not set \
+                 and the script's `const DEFAULTS` does not declare (known: {})",
+                at(line),
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )))
+        }
+    }
+}
+
 /// The 1-based line where `fn NAME(` is defined in `text`.
 fn definition_line(text: &str, name: &str) -> Option<usize> {
     let needle = format!("fn {name}(");
@@ -379,20 +470,24 @@ impl Plugin {
     ) -> Result<Plugin> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
+        let compile = |scope: &Scope| {
+            let mut ast = engine.compile_with_scope(scope, &text).map_err(|e| {
+                let line =
+                    e.1.line()
+                        .map(|l| format!(", line {l}"))
+                        .unwrap_or_default();
+                Error::new(format!("script {path}{line}: syntax error: {}", e.0))
+            })?;
+            ast.set_source(path);
+            Ok::<_, Error>(ast)
+        };
+        // First compile: `params` and `state` declared as variables (for
+        // strict-variable checking), to run the top level once (constants,
+        // setup) and read its parameter defaults.
         let mut scope = Scope::new();
-        // Declared (not constant, so the optimizer does not inline them) for
-        // strict-variable checking; their values come from `on_var` per call.
         scope.push("params", Map::new());
         scope.push("state", Map::new());
-        let mut ast = engine.compile_with_scope(&scope, &text).map_err(|e| {
-            let line =
-                e.1.line()
-                    .map(|l| format!(", line {l}"))
-                    .unwrap_or_default();
-            Error::new(format!("script {path}{line}: syntax error: {}", e.0))
-        })?;
-        ast.set_source(path);
-        // Run the top level once (constants, setup), then keep only functions.
+        let ast = compile(&scope)?;
         engine.run_ast_with_scope(&mut scope, &ast).map_err(|e| {
             Error::new(format!(
                 "script {path}, top level, line {}: {}",
@@ -400,11 +495,20 @@ impl Plugin {
                 describe(&e)
             ))
         })?;
-        ast.clear_statements();
         // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
         // scenario's parameters override them.
         let mut merged = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
         merged.extend(map_of(params));
+        check_params_use(&ast, &merged, path)?;
+        // Second compile, for the hooks: `params` is now a constant, so the
+        // optimizer folds `params.x` into each hook (and a branch on it, like
+        // `if params.source == "router"`, into the branch taken): reading a
+        // parameter costs nothing per call. `state` stays per call (`on_var`).
+        let mut scope = Scope::new();
+        scope.push_constant("params", merged.clone());
+        scope.push("state", Map::new());
+        let mut ast = compile(&scope)?;
+        ast.clear_statements();
         let defines = |h: Hook| {
             ast.iter_functions()
                 .any(|f| f.name == h.name() && f.params.len() == h.arity())
@@ -420,34 +524,58 @@ impl Plugin {
                 kind.signature()
             )));
         }
-        let env = PluginEnv {
+        let mut global = engine.new_global_runtime_state();
+        global.lib.push(ast.shared_lib().clone());
+        global.source = ast.source().map(Into::into);
+        global.tag = Dynamic::from(PluginEnv {
             params: Dynamic::from_map(merged).into_shared(),
             state: Dynamic::from_map(Map::new()).into_shared(),
+        });
+        let mut caches = rhai::Caches::new();
+        // A resolution layer that outlives each call, so what a call
+        // resolves stays resolved.
+        caches.push_fn_resolution_cache();
+        let runtime = Runtime {
+            global,
+            caches,
+            scope: Scope::new(),
         };
         Ok(Plugin {
             path: path.to_string(),
             hook,
             hook_line: definition_line(&text, hook.name()),
-            ast,
-            env: Dynamic::from(env),
+            runtime: RefCell::new(runtime),
             weight,
         })
     }
 
     fn call(&self, engine: &Engine, args: impl rhai::FuncArgs, req: &ReqView) -> Result<Dynamic> {
-        let options = CallFnOptions::new()
-            .eval_ast(false)
-            .rewind_scope(false)
-            .with_tag(self.env.clone());
-        engine
-            .call_fn_with_options::<Dynamic>(
-                options,
-                &mut Scope::new(),
-                &self.ast,
+        let mut values = rhai::FnArgsVec::new();
+        args.parse(&mut values);
+        let mut refs: rhai::FnArgsVec<&mut Dynamic> = values.iter_mut().collect();
+        let mut runtime = self.runtime.borrow_mut();
+        let Runtime {
+            global,
+            caches,
+            scope,
+        } = &mut *runtime;
+        // The operation limit is per call.
+        global.num_operations = Default::default();
+        // A panic inside rhai (an interpreter bug a strange script might
+        // reach) becomes this script's error rather than a crash.
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rhai::EvalContext::new(engine, global, caches, scope, None).call_fn_raw(
                 self.hook.name(),
-                args,
+                false,
+                false,
+                &mut refs,
             )
-            .map_err(|e| self.error(&describe(&e), error_line(&e), req))
+        }));
+        scope.clear();
+        match out {
+            Ok(result) => result.map_err(|e| self.error(&describe(&e), error_line(&e), req)),
+            Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
+        }
     }
 
     /// An error naming the script, the hook, the line and the request. For
@@ -551,10 +679,10 @@ impl Policies {
             Role::Prefill => &self.prefill,
         };
         // Each pod is boxed into a script value once per decision; calls share it.
-        let req_arg = Dynamic::from(req.clone());
+        let req_arg = Dynamic::from(req.clone()).into_shared();
         self.pod_args.clear();
         self.pod_args
-            .extend(pods.iter().map(|p| Dynamic::from(p.clone())));
+            .extend(pods.iter().map(|p| Dynamic::from(p.clone()).into_shared()));
         let candidates = &mut self.candidates;
         candidates.clear();
         candidates.extend(0..pods.len());

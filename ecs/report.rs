@@ -83,7 +83,7 @@ impl Report {
             .collect();
         let ticks = world.resource::<Clock>().ticks;
         let steps = world.query::<&Engine>().iter(world).map(|e| e.steps).sum();
-        let router = world.resource::<crate::gateway::Router>();
+        let router = world.non_send::<crate::gateway::Router>();
         let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
         Report {
             scenario,

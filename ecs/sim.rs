@@ -185,7 +185,7 @@ pub fn step_end_system(
     mut handoffs: ResMut<Handoffs>,
     mut agenda: ResMut<Agenda>,
     mut metrics: ResMut<Metrics>,
-    mut router: ResMut<Router>,
+    mut router: NonSendMut<Router>,
     mut finished: Option<ResMut<FinishedRequests>>,
 ) {
     let now = clock.now;
@@ -353,7 +353,7 @@ pub fn observe_system(
 pub fn phase_system(
     events: Res<TickEvents>,
     mut current: ResMut<CurrentScenario>,
-    mut router: ResMut<Router>,
+    mut router: NonSendMut<Router>,
     mut workload: ResMut<WorkloadState>,
     mut phase: ResMut<PhaseIndex>,
     mut status: ResMut<RunStatus>,
@@ -479,7 +479,7 @@ impl Sim {
         );
         world.insert_resource(agenda);
         world.insert_resource(workload);
-        world.insert_resource(Router::new(router, book));
+        world.insert_non_send(Router::new(router, book));
         world.insert_resource(Flows::new(
             raw.transfer.mode,
             raw.transfer.sharing,

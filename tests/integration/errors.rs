@@ -123,6 +123,59 @@ fn a_script_that_loops_forever_is_stopped() {
 }
 
 #[test]
+fn the_operation_limit_is_per_call_not_per_run() {
+    // About 600 000 operations per call: under the limit each time, over it
+    // in total after two requests. The run must finish (each plugin keeps
+    // its runtime between calls, and its count restarts with each call).
+    let dir = sandbox("ops");
+    std::fs::write(
+        dir.join("scripts/prefix-based-pd-decider.rhai"),
+        "fn decide(req, pod) {\n    let x = 0;\n    for i in 0..200000 { x += 1; }\n    x > 0\n}\n",
+    )
+    .unwrap();
+    let report = pdsim::run_scenario(&dir.join("s.ron"), &["horizon=20".to_string()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report.routing_decisions >= 2,
+        "{}",
+        report.routing_decisions
+    );
+}
+
+#[test]
+fn a_parameter_read_but_never_given_is_refused_at_load() {
+    let dir = sandbox("param");
+    let decider = "const DEFAULTS = #{ threshold: 512 };\n\nfn decide(req, pod) {\n    req.prompt_tokens >= params.treshold\n}\n";
+    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("prefix-based-pd-decider.rhai, line 4")
+            && err.contains("params.treshold")
+            && err.contains("threshold"),
+        "{err}"
+    );
+    // `params?.x` is an optional read: `()` when the parameter is absent.
+    let decider = "fn decide(req, pod) {\n    params?.long == ()\n}\n";
+    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    let report = pdsim::run_scenario(&dir.join("s.ron"), &["horizon=20".to_string()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.routing_decisions > 0);
+}
+
+#[test]
+fn parameters_are_read_only() {
+    let dir = sandbox("readonly");
+    let decider = "fn decide(req, pod) {\n    params.non_cached_tokens = 0;\n    true\n}\n";
+    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    let err = run(&dir, &[]);
+    assert!(
+        err.contains("prefix-based-pd-decider.rhai") && err.contains("line 2"),
+        "{err}"
+    );
+    assert!(err.contains("`params`, which is read-only"), "{err}");
+}
+
+#[test]
 fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
     let dir = sandbox("types");
     let decider = "// answers a number\nfn decide(req, pod) {\n    42\n}\n";
