@@ -98,6 +98,9 @@ pub struct Engine {
     pub ready: VecDeque<Entity>,
     /// Remote requests holding KV while their read is in flight.
     pub parked: u32,
+    /// Prompt tokens its running requests have not computed yet (the token
+    /// load the router sees), kept up to date as they change.
+    backlog: u32,
     /// The step in progress: (request, tokens scheduled).
     pub step: Vec<(Entity, u32)>,
     /// When the step in progress ends (None: idle).
@@ -136,6 +139,7 @@ impl Engine {
             waiting: VecDeque::new(),
             ready: VecDeque::new(),
             parked: 0,
+            backlog: 0,
             step: Vec::with_capacity(cfg_slots(&cfg)),
             busy_until: None,
             dirty: false,
@@ -234,14 +238,17 @@ impl Engine {
         self.dirty = true;
     }
 
-    /// Prompt tokens not yet computed by admitted requests (token load).
-    pub fn prompt_backlog(&self, reqs: &mut impl RequestStore) -> u32 {
+    /// Prompt tokens not yet computed by its running requests (token load).
+    pub fn prompt_backlog(&self) -> u32 {
+        self.backlog
+    }
+
+    /// The backlog counted from scratch (checks the running count in debug
+    /// builds).
+    fn counted_backlog(&self, reqs: &mut impl RequestStore) -> u32 {
         self.running
             .iter()
-            .map(|&id| {
-                let r = reqs.req(id);
-                r.prompt.saturating_sub(r.computed)
-            })
+            .map(|&id| uncomputed_prompt(reqs.req(id)))
             .sum()
     }
 
@@ -369,6 +376,7 @@ impl Engine {
                 break;
             }
         }
+        debug_assert_eq!(self.backlog, self.counted_backlog(reqs));
         if self.step.is_empty() {
             return None;
         }
@@ -433,6 +441,7 @@ impl Engine {
         log: &mut StepLog,
     ) {
         let r = reqs.req(id);
+        self.backlog -= uncomputed_prompt(r);
         kv.free(&r.blocks);
         r.blocks.clear();
         r.computed = 0;
@@ -478,6 +487,7 @@ impl Engine {
                 cache_full_blocks(kv, r, r.computed + n);
                 r.status = Status::Running;
                 self.running.push(id);
+                self.backlog += uncomputed_prompt(r);
                 self.step.push((id, n));
                 budget -= n;
                 continue;
@@ -530,6 +540,7 @@ impl Engine {
                 r.computed = r.prompt - 1;
                 r.status = Status::Running;
                 self.running.push(id);
+                self.backlog += uncomputed_prompt(r);
                 self.step.push((id, 1));
                 budget -= 1;
                 continue;
@@ -600,6 +611,7 @@ impl Engine {
                 cache_full_blocks(kv, r, known);
                 r.status = Status::Running;
                 self.running.push(id);
+                self.backlog += uncomputed_prompt(r);
                 self.step.push((id, 1));
                 *budget -= 1;
             }
@@ -612,6 +624,7 @@ impl Engine {
                 cache_full_blocks(kv, r, hit + chunk);
                 r.status = Status::Running;
                 self.running.push(id);
+                self.backlog += uncomputed_prompt(r);
                 self.step.push((id, chunk));
                 *budget -= chunk;
             }
@@ -637,6 +650,7 @@ impl Engine {
         let mut any_finished = false;
         for &(id, n) in &self.step {
             let r = reqs.req(id);
+            self.backlog -= uncomputed_prompt(r);
             if repeat > 1 {
                 // A run of decode steps: one token computed and one sampled
                 // per step; none finished before the last (see repeatable).
@@ -647,6 +661,7 @@ impl Engine {
                 cache_full_blocks(kv, r, r.computed + n);
             }
             r.computed += n;
+            self.backlog += uncomputed_prompt(r);
             if r.computed < r.known_tokens() {
                 continue; // a prefill chunk that did not complete the prompt
             }
@@ -672,9 +687,11 @@ impl Engine {
             }
         }
         if any_finished {
+            // (Finished requests computed their whole prompt: no backlog.)
             self.running
                 .retain(|&id| reqs.req(id).status == Status::Running);
         }
+        debug_assert_eq!(self.backlog, self.counted_backlog(reqs));
         if self.semantics == EngineSemantics::Vllm033 {
             self.deliver_transfers(kv, reqs);
         }
@@ -699,4 +716,9 @@ pub fn cache_full_blocks(kv: &mut BlockPool, r: &mut Request, tokens: u32) {
         );
     }
     r.cached_blocks = r.cached_blocks.max(full);
+}
+
+/// Prompt tokens of `r` not computed yet.
+fn uncomputed_prompt(r: &Request) -> u32 {
+    r.prompt.saturating_sub(r.computed)
 }

@@ -66,7 +66,6 @@ fn pod_view(
     e: Entity,
     r: &Request,
     engines: &Query<(&mut Engine, &KvPool, &Nic)>,
-    reqs: &Query<&mut Request>,
     flows: &Flows,
     book: &RouterBook,
 ) -> PodView {
@@ -74,14 +73,6 @@ fn pod_view(
     let kv = &kv.0;
     let bs = kv.block_size();
     let cached_blocks = kv.cached_prefix_blocks(r.stream, reusable(r.prompt, bs) / bs);
-    let backlog: u32 = eng
-        .running
-        .iter()
-        .map(|&id| {
-            let q = reqs.get(id).expect("running request");
-            q.prompt.saturating_sub(q.computed)
-        })
-        .sum();
     let (router_requests, router_tokens) = book.in_flight(eng.role, eng.index);
     PodView {
         role: book.role_name(eng.role),
@@ -90,7 +81,7 @@ fn pod_view(
         running: eng.running.len() as i64,
         queued: eng.waiting.len() as i64,
         parked: eng.parked as i64,
-        prompt_backlog: backlog as i64,
+        prompt_backlog: eng.prompt_backlog() as i64,
         kv_capacity: (kv.num_blocks() * bs) as i64,
         kv_held: (kv.num_held() * bs) as i64,
         kv_free_cached: (kv.num_free_cached() * bs) as i64,
@@ -198,7 +189,7 @@ fn route(
     for &e in &index.decode {
         router
             .pods
-            .push(pod_view(e, r, engines, reqs, flows, &router.book));
+            .push(pod_view(e, r, engines, flows, &router.book));
     }
     let j = policies.choose(Role::Decode, &req, &router.pods)?;
     let decoder = index.decode[j];
@@ -209,7 +200,7 @@ fn route(
     for &e in &index.prefill {
         router
             .pods
-            .push(pod_view(e, r, engines, reqs, flows, &router.book));
+            .push(pod_view(e, r, engines, flows, &router.book));
     }
     let i = policies.choose(Role::Prefill, &req, &router.pods)?;
     Ok((decoder, Some(index.prefill[i])))
