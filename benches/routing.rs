@@ -62,13 +62,19 @@ fn main() {
         "setup: policies of {} (release build), 2 candidate pods per profile",
         sc.source.display()
     );
-    let req = ReqView {
-        id: 1,
-        session: 7,
-        turn: 2,
-        prompt_tokens: 2500,
-        new_tokens: 600,
-        block_size: 16,
+    // Each call routes a new request (as in a run: nothing is reused
+    // across requests).
+    let mut id = 0;
+    let mut next_req = || {
+        id += 1;
+        ReqView {
+            id,
+            session: 7,
+            turn: 2,
+            prompt_tokens: 2500,
+            new_tokens: 600,
+            block_size: 16,
+        }
     };
     let decoders = [pod("decode", 0, 3, 1600), pod("decode", 1, 2, 0)];
     let prefillers = [pod("prefill", 0, 1, 0), pod("prefill", 1, 0, 800)];
@@ -76,18 +82,20 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
-    let d = time("decide (decider)", n, || {
-        std::hint::black_box(p.decide(&req, &decoders[0]).unwrap());
+    time("decide (decider)", n, || {
+        std::hint::black_box(p.decide(&next_req(), &decoders[0]).unwrap());
     });
-    let dec = time("decode profile (scorer ×2, picker)", n, || {
-        std::hint::black_box(p.choose(Role::Decode, &req, &decoders).unwrap());
+    time("decode profile (scorer ×2, picker)", n, || {
+        std::hint::black_box(p.choose(Role::Decode, &next_req(), &decoders).unwrap());
     });
-    let pre = time("prefill profile (filter, scorer ×2, picker)", n, || {
+    time("prefill profile (filter, scorer ×2, picker)", n, || {
+        std::hint::black_box(p.choose(Role::Prefill, &next_req(), &prefillers).unwrap());
+    });
+    // As the router runs them: decode profile, decider, prefill profile.
+    time("a remote decision (all three)", n, || {
+        let req = next_req();
+        let j = p.choose(Role::Decode, &req, &decoders).unwrap();
+        assert!(p.decide(&req, &decoders[j]).unwrap());
         std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
     });
-    println!(
-        "  {:<34}{:>8.2} µs",
-        "a remote decision (all three)",
-        d + dec + pre
-    );
 }

@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::scenario::{self, ParamValue};
 
 /// What a script sees of the request being routed.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReqView {
     pub id: i64,
     pub session: i64,
@@ -140,8 +140,12 @@ pub struct Plugin {
 struct Runtime {
     global: rhai::GlobalRuntimeState,
     caches: rhai::Caches,
-    /// The hook's local variables: empty between calls, its storage reused.
+    /// The hook's arguments (its first variables, set per call) and then
+    /// its local variables (dropped after each call).
     scope: Scope<'static>,
+    /// The hook's body as top-level statements (see `Plugin::load`).
+    body: AST,
+    arg_names: Vec<ImmutableString>,
 }
 
 /// The scheduling profile of one role: filters → weighted scorers → picker.
@@ -160,7 +164,9 @@ pub struct Policies {
     /// Scratch, reused across requests.
     scores: Vec<f64>,
     candidates: Vec<usize>,
+    kept: Vec<usize>,
     pod_args: Vec<Dynamic>,
+    req_arg: Option<(ReqView, Dynamic)>,
 }
 
 /// Operations a single hook call may take before it is stopped.
@@ -258,21 +264,27 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
         move |scores: &mut Array,
               ties: ImmutableString|
               -> std::result::Result<i64, Box<EvalAltResult>> {
-            let values: Vec<f64> = scores
-                .iter()
-                .map(|v| {
-                    number(v).ok_or_else(|| {
-                        format!("argmax: scores must be numbers, found {}", v.type_name()).into()
-                    })
-                })
-                .collect::<std::result::Result<_, Box<EvalAltResult>>>()?;
-            let Some(best) = values.iter().copied().reduce(f64::max) else {
+            // Passes over the scores rather than a copy of them: no allocation.
+            let mut best = f64::NEG_INFINITY;
+            for v in scores.iter() {
+                let x = number(v).filter(|x| !x.is_nan()).ok_or_else(|| {
+                    format!(
+                        "argmax: scores must be numbers, found {} {v}",
+                        v.type_name()
+                    )
+                })?;
+                best = best.max(x);
+            }
+            if scores.is_empty() {
                 return Err("argmax: no scores".into());
-            };
-            let tied = values.iter().filter(|&&v| v == best).count();
+            }
+            let is_best = |v: &Dynamic| number(v) == Some(best);
             let nth = match ties.as_str() {
                 "first" => 0,
-                "random" => rng.borrow_mut().random_range(0..tied),
+                "random" => {
+                    let tied = scores.iter().filter(|v| is_best(v)).count();
+                    rng.borrow_mut().random_range(0..tied)
+                }
                 other => {
                     return Err(format!(
                         "argmax: ties must be \"first\" or \"random\", not {other:?}"
@@ -280,10 +292,10 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
                     .into());
                 }
             };
-            Ok(values
+            Ok(scores
                 .iter()
                 .enumerate()
-                .filter(|(_, v)| **v == best)
+                .filter(|(_, v)| is_best(v))
                 .nth(nth)
                 .map(|(i, _)| i as i64)
                 .unwrap_or(0))
@@ -452,6 +464,33 @@ fn check_params_use(ast: &AST, params: &Map, path: &str) -> Result<()> {
     }
 }
 
+/// `text` with every character outside the braces at `start` and `end`
+/// (rhai positions: 1-based line and column, in characters), braces
+/// included, turned into a space, newlines kept: the block's statements
+/// compile on their own, at the same lines and columns as in the file.
+fn only_between(text: &str, start: rhai::Position, end: rhai::Position) -> Option<String> {
+    let (l0, c0, l1, c1) = (
+        start.line()?,
+        start.position()?,
+        end.line()?,
+        end.position()?,
+    );
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let n = i + 1;
+        for (k, ch) in line.chars().enumerate() {
+            let col = k + 1;
+            let inside = (n, col) > (l0, c0) && (n, col) < (l1, c1);
+            out.push(if inside || ch == '\n' || ch == '\r' {
+                ch
+            } else {
+                ' '
+            });
+        }
+    }
+    Some(out)
+}
+
 /// The 1-based line where `fn NAME(` is defined in `text`.
 fn definition_line(text: &str, name: &str) -> Option<usize> {
     let needle = format!("fn {name}(");
@@ -524,8 +563,36 @@ impl Plugin {
                 kind.signature()
             )));
         }
+        // The hook's body, compiled again on its own as top-level statements
+        // with the hook's parameters as scope variables: a call then only
+        // sets those variables and runs the statements, skipping rhai's
+        // function-call machinery (which allocates per argument).
+        let hook_fn = ast
+            .iter_fn_def()
+            .find(|f| f.name == hook.name() && f.params.len() == hook.arity())
+            .expect("hook defined (checked above)");
+        let body_text = only_between(
+            &text,
+            hook_fn.body.start_position(),
+            hook_fn.body.end_position(),
+        )
+        .ok_or_else(|| {
+            Error::new(format!(
+                "script {path}: cannot locate the body of `{}`",
+                hook.name()
+            ))
+        })?;
+        let arg_names: Vec<ImmutableString> = hook_fn.params.iter().cloned().collect();
+        for name in &arg_names {
+            scope.push(name.clone(), ());
+        }
+        let mut body = engine
+            .compile_with_scope(&scope, &body_text)
+            .map_err(|e| Error::new(format!("script {path}: hook `{}`: {}", hook.name(), e.0)))?;
+        body.set_source(path);
         let mut global = engine.new_global_runtime_state();
         global.lib.push(ast.shared_lib().clone());
+        global.lib.push(body.shared_lib().clone()); // closures in the body
         global.source = ast.source().map(Into::into);
         global.tag = Dynamic::from(PluginEnv {
             params: Dynamic::from_map(merged).into_shared(),
@@ -535,10 +602,16 @@ impl Plugin {
         // A resolution layer that outlives each call, so what a call
         // resolves stays resolved.
         caches.push_fn_resolution_cache();
+        let mut scope = Scope::new();
+        for name in &arg_names {
+            scope.push(name.clone(), ());
+        }
         let runtime = Runtime {
             global,
             caches,
-            scope: Scope::new(),
+            scope,
+            body,
+            arg_names,
         };
         Ok(Plugin {
             path: path.to_string(),
@@ -552,26 +625,26 @@ impl Plugin {
     fn call(&self, engine: &Engine, args: impl rhai::FuncArgs, req: &ReqView) -> Result<Dynamic> {
         let mut values = rhai::FnArgsVec::new();
         args.parse(&mut values);
-        let mut refs: rhai::FnArgsVec<&mut Dynamic> = values.iter_mut().collect();
         let mut runtime = self.runtime.borrow_mut();
         let Runtime {
             global,
             caches,
             scope,
+            body,
+            arg_names,
         } = &mut *runtime;
+        for (name, value) in arg_names.iter().zip(values) {
+            *scope.get_mut(name).expect("hook argument in scope") = value;
+        }
         // The operation limit is per call.
         global.num_operations = Default::default();
         // A panic inside rhai (an interpreter bug a strange script might
         // reach) becomes this script's error rather than a crash.
+        #[allow(deprecated)] // rhai's internal entry point, kept under `internals`
         let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rhai::EvalContext::new(engine, global, caches, scope, None).call_fn_raw(
-                self.hook.name(),
-                false,
-                false,
-                &mut refs,
-            )
+            engine.eval_statements_raw(global, caches, scope, body.statements())
         }));
-        scope.clear();
+        scope.rewind(arg_names.len());
         match out {
             Ok(result) => result.map_err(|e| self.error(&describe(&e), error_line(&e), req)),
             Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
@@ -639,7 +712,9 @@ impl Policies {
             engine,
             scores: Vec::new(),
             candidates: Vec::new(),
+            kept: Vec::new(),
             pod_args: Vec::new(),
+            req_arg: None,
         })
     }
 
@@ -659,10 +734,24 @@ impl Policies {
         Ok(())
     }
 
+    /// The request as a script value, made once per decision: the decode
+    /// profile, the decider and the prefill profile share it.
+    fn req_arg(&mut self, req: &ReqView) -> Dynamic {
+        match &self.req_arg {
+            Some((view, arg)) if view == req => arg.clone(),
+            _ => {
+                let arg = Dynamic::from(req.clone()).into_shared();
+                self.req_arg = Some((req.clone(), arg.clone()));
+                arg
+            }
+        }
+    }
+
     /// The decider's verdict: prefill remotely?
-    pub fn decide(&self, req: &ReqView, pod: &PodView) -> Result<bool> {
+    pub fn decide(&mut self, req: &ReqView, pod: &PodView) -> Result<bool> {
+        let req_arg = self.req_arg(req);
         let d = &self.decider;
-        let out = d.call(&self.engine, (req.clone(), pod.clone()), req)?;
+        let out = d.call(&self.engine, (req_arg, pod.clone()), req)?;
         out.as_bool().map_err(|t| {
             d.error(
                 &format!("`decide` must return a bool, it returned {t}"),
@@ -674,12 +763,12 @@ impl Policies {
 
     /// Runs a profile over `pods`; returns the position in `pods` of the pick.
     pub fn choose(&mut self, role: Role, req: &ReqView, pods: &[PodView]) -> Result<usize> {
+        let req_arg = self.req_arg(req);
         let profile = match role {
             Role::Decode => &self.decode,
             Role::Prefill => &self.prefill,
         };
         // Each pod is boxed into a script value once per decision; calls share it.
-        let req_arg = Dynamic::from(req.clone()).into_shared();
         self.pod_args.clear();
         self.pod_args
             .extend(pods.iter().map(|p| Dynamic::from(p.clone()).into_shared()));
@@ -701,19 +790,16 @@ impl Policies {
             let kept = out
                 .try_cast::<Array>()
                 .ok_or_else(|| f.error("`filter` must return an array of pods", None, req))?;
-            let mut next = Vec::with_capacity(kept.len());
+            let next = &mut self.kept;
+            next.clear();
             for k in kept {
-                let index = k
-                    .flatten()
-                    .try_cast::<PodView>()
-                    .map(|p| p.index)
-                    .ok_or_else(|| {
-                        f.error(
-                            "`filter` must return pods (items of its `pods` argument)",
-                            None,
-                            req,
-                        )
-                    })?;
+                let index = k.read_lock::<PodView>().map(|p| p.index).ok_or_else(|| {
+                    f.error(
+                        "`filter` must return pods (items of its `pods` argument)",
+                        None,
+                        req,
+                    )
+                })?;
                 let pos = candidates
                     .iter()
                     .copied()
@@ -737,7 +823,7 @@ impl Policies {
                 ));
             }
             next.sort_unstable();
-            *candidates = next;
+            std::mem::swap(candidates, next);
         }
 
         // Weighted sum of the scorers' scores.

@@ -214,6 +214,25 @@ fn a_nan_score_is_an_error() {
 }
 
 #[test]
+fn argmax_refuses_what_is_not_a_number() {
+    let dir = sandbox("argmax");
+    for (scores, found) in [
+        ("[0.0 / 0.0]", "f64 NaN"),
+        ("[1.0, \"x\"]", "string x"),
+        ("[]", "no scores"),
+    ] {
+        let picker =
+            format!("fn pick(req, pods, scores) {{\n    argmax({scores}, \"random\")\n}}\n");
+        std::fs::write(dir.join("scripts/max-score-picker.rhai"), picker).unwrap();
+        let err = run(&dir, &[]);
+        assert!(
+            err.contains("hook `pick`, line 2") && err.contains("argmax") && err.contains(found),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn a_filter_that_keeps_nobody_is_an_error() {
     let dir = sandbox("empty");
     let filter = "fn filter(req, pods) {\n    []\n}\n";

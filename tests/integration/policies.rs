@@ -104,7 +104,7 @@ fn pick_with(scorer: &str, p: BTreeMap<String, ParamValue>, pods: &[PodView]) ->
 #[test]
 fn deciders() {
     let d = |script: &str, p: BTreeMap<String, ParamValue>, prompt: i64, cached: i64| {
-        let pol = policies(plugin(script, p), vec![], vec![], first(), 1);
+        let mut pol = policies(plugin(script, p), vec![], vec![], first(), 1);
         pol.decide(
             &req(prompt),
             &PodView {
@@ -140,7 +140,7 @@ fn deciders() {
     assert!(d("always-disagg-pd-decider", BTreeMap::new(), 10, 0));
     assert!(!d("never-disagg-pd-decider", BTreeMap::new(), 10000, 0));
     // The router's estimate instead of the pod's cache.
-    let pol = policies(
+    let mut pol = policies(
         plugin(
             "prefix-based-pd-decider",
             params(&[("source", s("router"))]),
@@ -432,8 +432,8 @@ fn the_decider_from_the_docs_works() {
         script: path.to_string_lossy().into_owned(),
         params: BTreeMap::new(),
     };
-    let pol = policies(decider, vec![], vec![], first(), 1);
-    let at = |prompt: i64, cached: i64, running: i64| {
+    let mut pol = policies(decider, vec![], vec![], first(), 1);
+    let mut at = |prompt: i64, cached: i64, running: i64| {
         pol.decide(
             &req(prompt),
             &PodView {
