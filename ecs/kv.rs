@@ -65,12 +65,15 @@ impl Hasher for KeyHasher {
 }
 
 /// The prefix-cache index: per stream, the block holding each of its block
-/// indices (NONE where not cached), and how many are cached. One hash lookup
-/// per operation, then an array scan: prefixes are walked block by block.
+/// indices (NONE where not cached), how many are cached, and how many lead
+/// without a gap (the stream's cached prefix, which the router asks for
+/// every candidate of every request). One hash lookup per operation, then
+/// an array walk.
 #[derive(Clone, Debug, Default)]
 struct StreamBlocks {
     at: Vec<BlockId>,
     count: u32,
+    leading: u32,
 }
 
 type StreamMap = HashMap<u64, StreamBlocks, BuildHasherDefault<KeyHasher>>;
@@ -187,8 +190,11 @@ impl BlockPool {
         let Some(s) = self.cached.get(&stream) else {
             return 0;
         };
-        let limit = (max_blocks as usize).min(s.at.len());
-        s.at[..limit].iter().take_while(|&&b| b != NONE).count() as u32
+        debug_assert_eq!(
+            s.leading as usize,
+            s.at.iter().take_while(|&&b| b != NONE).count()
+        );
+        s.leading.min(max_blocks)
     }
 
     /// How many of the first `n` cached blocks of `stream` sit in the free
@@ -283,6 +289,9 @@ impl BlockPool {
         let old = std::mem::replace(&mut s.at[i], id);
         if old == NONE {
             s.count += 1;
+            while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+                s.leading += 1;
+            }
         } else {
             let b = &mut self.blocks[old as usize];
             b.key = None;
@@ -321,6 +330,7 @@ impl BlockPool {
         let s = self.cached.get_mut(&key.stream).expect("a cached stream");
         s.at[key.index as usize] = NONE;
         s.count -= 1;
+        s.leading = s.leading.min(key.index);
         if s.count == 0 {
             self.cached.remove(&key.stream);
         } else {
