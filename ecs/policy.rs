@@ -129,6 +129,9 @@ pub struct Plugin {
     hook_line: Option<usize>,
     runtime: RefCell<Runtime>,
     pub weight: f64,
+    /// Whether the script reads or writes `state` (the only way a value it
+    /// is given can outlive its call).
+    uses_state: bool,
 }
 
 /// A plugin's rhai runtime, kept from call to call: its functions and tag
@@ -167,6 +170,11 @@ pub struct Policies {
     kept: Vec<usize>,
     pod_args: Vec<Dynamic>,
     req_arg: Option<(ReqView, Dynamic)>,
+    /// Whether a value given to a script can outlive its call (only through
+    /// a plugin's `state`). When none can, the request's and the pods'
+    /// script values are refilled in place for the next decision rather
+    /// than allocated anew.
+    values_escape: bool,
 }
 
 /// Operations a single hook call may take before it is stopped.
@@ -391,6 +399,23 @@ fn describe(err: &EvalAltResult) -> String {
             }
         }
     }
+}
+
+/// Whether any expression of `ast` (hooks, helpers, top level) names the
+/// variable `name`.
+fn mentions_variable(ast: &AST, name: &str) -> bool {
+    use rhai::{ASTNode, Expr};
+    let mut found = false;
+    ast.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Expr(Expr::Variable(v, ..))) = nodes.last()
+            && v.1 == name
+        {
+            found = true;
+            return false;
+        }
+        true
+    });
+    found
 }
 
 /// Refuses a script that reads a parameter which neither its `DEFAULTS` nor
@@ -619,6 +644,7 @@ impl Plugin {
             hook_line: definition_line(&text, hook.name()),
             runtime: RefCell::new(runtime),
             weight,
+            uses_state: mentions_variable(&ast, "state"),
         })
     }
 
@@ -669,6 +695,16 @@ impl Plugin {
     }
 }
 
+/// Puts `value` into the shared script value `cell` (a new cell if it is
+/// borrowed, which nothing does between calls).
+fn refill<T: rhai::Variant + Clone>(cell: &mut Dynamic, value: &T) {
+    if let Some(mut inner) = cell.write_lock::<T>() {
+        *inner = value.clone();
+        return;
+    }
+    *cell = Dynamic::from(value.clone()).into_shared();
+}
+
 fn number(v: &Dynamic) -> Option<f64> {
     v.as_float()
         .ok()
@@ -699,7 +735,7 @@ impl Policies {
     /// `lib` available to them.
     pub fn load(router: &scenario::Router, seed: u64, lib: Option<&Path>) -> Result<Policies> {
         let engine = new_engine(seed, lib)?;
-        Ok(Policies {
+        let mut policies = Policies {
             decider: Plugin::load(
                 &engine,
                 &router.decider.script,
@@ -715,7 +751,17 @@ impl Policies {
             kept: Vec::new(),
             pod_args: Vec::new(),
             req_arg: None,
-        })
+            values_escape: true,
+        };
+        policies.values_escape = policies.any_keeps_state();
+        Ok(policies)
+    }
+
+    fn any_keeps_state(&self) -> bool {
+        let profile = |p: &Profile| {
+            p.filters.iter().chain(&p.scorers).any(|f| f.uses_state) || p.picker.uses_state
+        };
+        self.decider.uses_state || profile(&self.decode) || profile(&self.prefill)
     }
 
     /// Hot swap: recompiles the router's plugins from a new configuration,
@@ -731,14 +777,22 @@ impl Policies {
         )?;
         self.decode = Profile::load(&self.engine, &router.decode)?;
         self.prefill = Profile::load(&self.engine, &router.prefill)?;
+        self.values_escape = self.any_keeps_state();
+        self.pod_args.clear();
+        self.req_arg = None;
         Ok(())
     }
 
     /// The request as a script value, made once per decision: the decode
     /// profile, the decider and the prefill profile share it.
     fn req_arg(&mut self, req: &ReqView) -> Dynamic {
-        match &self.req_arg {
+        match &mut self.req_arg {
             Some((view, arg)) if view == req => arg.clone(),
+            Some((view, arg)) if !self.values_escape => {
+                refill(arg, req);
+                *view = req.clone();
+                arg.clone()
+            }
             _ => {
                 let arg = Dynamic::from(req.clone()).into_shared();
                 self.req_arg = Some((req.clone(), arg.clone()));
@@ -769,9 +823,16 @@ impl Policies {
             Role::Prefill => &self.prefill,
         };
         // Each pod is boxed into a script value once per decision; calls share it.
-        self.pod_args.clear();
-        self.pod_args
-            .extend(pods.iter().map(|p| Dynamic::from(p.clone()).into_shared()));
+        if self.values_escape {
+            self.pod_args.clear();
+        }
+        self.pod_args.truncate(pods.len());
+        for (i, p) in pods.iter().enumerate() {
+            match self.pod_args.get_mut(i) {
+                Some(arg) => refill(arg, p),
+                None => self.pod_args.push(Dynamic::from(p.clone()).into_shared()),
+            }
+        }
         let candidates = &mut self.candidates;
         candidates.clear();
         candidates.extend(0..pods.len());

@@ -340,6 +340,38 @@ fn random_and_round_robin_pickers() {
 }
 
 #[test]
+fn pods_kept_in_state_are_not_changed_by_later_requests() {
+    // The router refills its script values in place between requests unless
+    // a plugin keeps `state`: this picker keeps the first request, its pods
+    // and a pod, and checks at every later request that they read the same.
+    let dir = std::env::temp_dir().join(format!("pdsim-keep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("keeping-picker.rhai");
+    std::fs::write(
+        &script,
+        "fn pick(req, pods, scores) {\n    if !(\"pods\" in state) {\n        state.pods = pods; state.req = req;\n        for pod in pods { state.pod = pod; }\n        state.active = [pods[0].active, pods[1].active, state.pod.active, req.prompt_tokens];\n    }\n    let now = [state.pods[0].active, state.pods[1].active, state.pod.active, state.req.prompt_tokens];\n    if now != state.active { throw `kept values changed: ${state.active} became ${now}`; }\n    0\n}\n",
+    )
+    .unwrap();
+    let picker = Plugin {
+        plugin: None,
+        script: script.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    };
+    let mut pol = policies(never(), vec![], vec![], picker, 1);
+    pol.choose(
+        Role::Decode,
+        &req(100),
+        &pods_with(&[1, 2], |p, v| p.active = v),
+    )
+    .unwrap();
+    for (k, prompt) in [(5, 200), (9, 300)] {
+        let pods = pods_with(&[k, k + 1], |p, v| p.active = v);
+        pol.choose(Role::Decode, &req(prompt), &pods)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
 fn the_guide_scenario_runs_on_the_routers_own_bookkeeping() {
     let report = pdsim::run_scenario(
         Path::new("scenarios/llmd_guide_8p2d.ron"),
