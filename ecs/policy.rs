@@ -611,9 +611,17 @@ impl Plugin {
         for name in &arg_names {
             scope.push(name.clone(), ());
         }
-        let mut body = engine
-            .compile_with_scope(&scope, &body_text)
-            .map_err(|e| Error::new(format!("script {path}: hook `{}`: {}", hook.name(), e.0)))?;
+        let mut body = engine.compile_with_scope(&scope, &body_text).map_err(|e| {
+            let line =
+                e.1.line()
+                    .map(|l| format!(", line {l}"))
+                    .unwrap_or_default();
+            Error::new(format!(
+                "script {path}{line}: hook `{}`: {}",
+                hook.name(),
+                e.0
+            ))
+        })?;
         body.set_source(path);
         let mut global = engine.new_global_runtime_state();
         global.lib.push(ast.shared_lib().clone());
@@ -822,7 +830,8 @@ impl Policies {
             Role::Decode => &self.decode,
             Role::Prefill => &self.prefill,
         };
-        // Each pod is boxed into a script value once per decision; calls share it.
+        // Each pod is one shared script value that the calls share, refilled
+        // in place when no value can escape (see `values_escape`).
         if self.values_escape {
             self.pod_args.clear();
         }
