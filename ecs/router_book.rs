@@ -23,7 +23,12 @@ struct InFlight {
 /// A bounded LRU set of block identities (one per pod).
 #[derive(Debug, Default)]
 struct PrefixLru {
-    stamp_of: HashMap<BlockKey, u64, BuildHasherDefault<KeyHasher>>,
+    /// Per stream, the stamp of the last use of each of its block indices
+    /// (0: not in the set): a prompt's blocks are one lookup and then an
+    /// array, not one lookup each in a map of every block.
+    stamps: HashMap<u64, Vec<u64>, BuildHasherDefault<KeyHasher>>,
+    /// Blocks in the set.
+    len: usize,
     /// (key, stamp) in use order; entries whose stamp is no longer the key's
     /// current one are stale and skipped.
     order: VecDeque<(BlockKey, u64)>,
@@ -31,21 +36,60 @@ struct PrefixLru {
 }
 
 impl PrefixLru {
+    fn stamp(stamps: &HashMap<u64, Vec<u64>, BuildHasherDefault<KeyHasher>>, key: BlockKey) -> u64 {
+        stamps
+            .get(&key.stream)
+            .and_then(|v| v.get(key.index as usize))
+            .copied()
+            .unwrap_or(0)
+    }
+
     fn touch(&mut self, key: BlockKey, capacity: usize) {
         self.clock += 1;
-        self.stamp_of.insert(key, self.clock);
+        let v = self.stamps.entry(key.stream).or_default();
+        let i = key.index as usize;
+        if v.len() <= i {
+            v.resize(i + 1, 0);
+        }
+        if v[i] == 0 {
+            self.len += 1;
+        }
+        v[i] = self.clock;
         self.order.push_back((key, self.clock));
-        while self.stamp_of.len() > capacity {
+        while self.len > capacity {
             let (k, s) = self.order.pop_front().expect("entries exist");
-            if self.stamp_of.get(&k) == Some(&s) {
-                self.stamp_of.remove(&k);
+            if Self::stamp(&self.stamps, k) == s {
+                self.remove(k);
             }
         }
         // Keep stale entries from piling up.
         if self.order.len() > 2 * capacity.max(16) {
-            let stamp_of = &self.stamp_of;
-            self.order.retain(|(k, s)| stamp_of.get(k) == Some(s));
+            let stamps = &self.stamps;
+            self.order.retain(|&(k, s)| Self::stamp(stamps, k) == s);
         }
+    }
+
+    fn remove(&mut self, key: BlockKey) {
+        let v = self
+            .stamps
+            .get_mut(&key.stream)
+            .expect("a stream in the set");
+        v[key.index as usize] = 0;
+        self.len -= 1;
+        while v.last() == Some(&0) {
+            v.pop();
+        }
+        if v.is_empty() {
+            self.stamps.remove(&key.stream);
+        }
+    }
+
+    /// How many of the first blocks of `stream`, at most `max`, are all in
+    /// the set.
+    fn leading(&self, stream: u64, max: u32) -> u32 {
+        self.stamps.get(&stream).map_or(0, |v| {
+            v.iter().take(max as usize).take_while(|&&s| s != 0).count() as u32
+        })
     }
 }
 
@@ -110,13 +154,7 @@ impl RouterBook {
             Role::Prefill => &self.prefill_index[index as usize],
             Role::Decode => &self.decode_index[index as usize],
         };
-        let mut n = 0;
-        while (n + 1) * bs <= max_tokens
-            && lru.stamp_of.contains_key(&BlockKey { stream, index: n })
-        {
-            n += 1;
-        }
-        n * bs
+        lru.leading(stream, max_tokens / bs) * bs
     }
 
     /// The router picked decoder `d` (and prefiller `p`) for a prompt.
