@@ -205,18 +205,22 @@ fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
     engine.disable_symbol("eval");
     // `state` is the calling plugin's own map, carried by the call's tag,
     // and so is `params` where it was not folded into the hook at load (as
-    // the root of `params.x.f()`). Called for every variable read, so locals
-    // (index > 0) leave at once.
+    // the root of `params.x.f()`) — unless a hook's own parameter has that
+    // name. Called for every variable read, so locals (index > 0) leave at
+    // once.
     #[allow(deprecated)]
     engine.on_var(|name, index, ctx| {
-        if index > 0 {
+        if index > 0 || !matches!(name, "params" | "state") || ctx.scope().contains(name) {
             return Ok(None);
         }
-        Ok(match name {
-            "params" => ctx.tag().read_lock::<PluginEnv>().map(|e| e.params.clone()),
-            "state" => ctx.tag().read_lock::<PluginEnv>().map(|e| e.state.clone()),
-            _ => None,
-        })
+        let env = ctx.tag().read_lock::<PluginEnv>();
+        Ok(env.map(|e| {
+            if name == "params" {
+                e.params.clone()
+            } else {
+                e.state.clone()
+            }
+        }))
     });
 
     engine

@@ -372,6 +372,28 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
 }
 
 #[test]
+fn a_hook_parameter_may_be_named_state() {
+    // The parameter hides the plugin's `state`, as any parameter hides an
+    // outer name: here `state` is the pods, so this picks the last one.
+    let dir = std::env::temp_dir().join(format!("pdsim-shadow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("last-picker.rhai");
+    std::fs::write(
+        &script,
+        "fn pick(req, state, scores) {\n    state.len() - 1\n}\n",
+    )
+    .unwrap();
+    let picker = Plugin {
+        plugin: None,
+        script: script.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    };
+    let mut pol = policies(never(), vec![], vec![], picker, 1);
+    let pods: Vec<PodView> = (0..3).map(pod).collect();
+    assert_eq!(pol.choose(Role::Decode, &req(100), &pods).unwrap(), 2);
+}
+
+#[test]
 fn the_guide_scenario_runs_on_the_routers_own_bookkeeping() {
     let report = pdsim::run_scenario(
         Path::new("scenarios/llmd_guide_8p2d.ron"),
