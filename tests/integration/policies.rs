@@ -54,6 +54,19 @@ fn policies(
     Policies::load(&router, seed, Some(Path::new("lib"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A plugin whose script `text` is written to a scratch file named `name`.
+fn scratch_plugin(name: &str, text: &str) -> Plugin {
+    let dir = std::env::temp_dir().join(format!("pdsim-scripts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join(format!("{name}.rhai"));
+    std::fs::write(&script, text).unwrap();
+    Plugin {
+        plugin: None,
+        script: script.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    }
+}
+
 fn first() -> Plugin {
     plugin("max-score-picker", params(&[("ties", s("first"))]))
 }
@@ -344,19 +357,10 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
     // The router refills its script values in place between requests unless
     // a plugin keeps `state`: this picker keeps the first request, its pods
     // and a pod, and checks at every later request that they read the same.
-    let dir = std::env::temp_dir().join(format!("pdsim-keep-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("keeping-picker.rhai");
-    std::fs::write(
-        &script,
+    let picker = scratch_plugin(
+        "keeping-picker",
         "fn pick(req, pods, scores) {\n    if !(\"pods\" in state) {\n        state.pods = pods; state.req = req;\n        for pod in pods { state.pod = pod; }\n        state.active = [pods[0].active, pods[1].active, state.pod.active, req.prompt_tokens];\n    }\n    let now = [state.pods[0].active, state.pods[1].active, state.pod.active, state.req.prompt_tokens];\n    if now != state.active { throw `kept values changed: ${state.active} became ${now}`; }\n    0\n}\n",
-    )
-    .unwrap();
-    let picker = Plugin {
-        plugin: None,
-        script: script.to_string_lossy().into_owned(),
-        params: BTreeMap::new(),
-    };
+    );
     let mut pol = policies(never(), vec![], vec![], picker, 1);
     pol.choose(
         Role::Decode,
@@ -375,19 +379,10 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
 fn a_hook_parameter_may_be_named_state() {
     // The parameter hides the plugin's `state`, as any parameter hides an
     // outer name: here `state` is the pods, so this picks the last one.
-    let dir = std::env::temp_dir().join(format!("pdsim-shadow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join("last-picker.rhai");
-    std::fs::write(
-        &script,
+    let picker = scratch_plugin(
+        "last-picker",
         "fn pick(req, state, scores) {\n    state.len() - 1\n}\n",
-    )
-    .unwrap();
-    let picker = Plugin {
-        plugin: None,
-        script: script.to_string_lossy().into_owned(),
-        params: BTreeMap::new(),
-    };
+    );
     let mut pol = policies(never(), vec![], vec![], picker, 1);
     let pods: Vec<PodView> = (0..3).map(pod).collect();
     assert_eq!(pol.choose(Role::Decode, &req(100), &pods).unwrap(), 2);
