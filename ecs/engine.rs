@@ -453,6 +453,15 @@ impl Engine {
         log.preempted.push(id);
     }
 
+    /// Admits `id` into the running set, computing `n` tokens in this step.
+    /// (The one place a request starts running: it keeps the backlog.)
+    fn start_running(&mut self, id: Entity, r: &mut Request, n: u32) {
+        r.status = Status::Running;
+        self.running.push(id);
+        self.backlog += uncomputed_prompt(r);
+        self.step.push((id, n));
+    }
+
     /// Token budget the running requests left for admissions in this step.
     fn budget_left(&self) -> u32 {
         self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>()
@@ -485,10 +494,7 @@ impl Engine {
                     "a read request's whole prompt is allocated"
                 );
                 cache_full_blocks(kv, r, r.computed + n);
-                r.status = Status::Running;
-                self.running.push(id);
-                self.backlog += uncomputed_prompt(r);
-                self.step.push((id, n));
+                self.start_running(id, r, n);
                 budget -= n;
                 continue;
             }
@@ -538,10 +544,7 @@ impl Engine {
                 self.parked -= 1;
                 cache_full_blocks(kv, r, r.prompt);
                 r.computed = r.prompt - 1;
-                r.status = Status::Running;
-                self.running.push(id);
-                self.backlog += uncomputed_prompt(r);
-                self.step.push((id, 1));
+                self.start_running(id, r, 1);
                 budget -= 1;
                 continue;
             }
@@ -609,10 +612,7 @@ impl Engine {
                 r.kv_source = KvSource::RemoteArrived;
                 r.computed = known - 1;
                 cache_full_blocks(kv, r, known);
-                r.status = Status::Running;
-                self.running.push(id);
-                self.backlog += uncomputed_prompt(r);
-                self.step.push((id, 1));
+                self.start_running(id, r, 1);
                 *budget -= 1;
             }
             _ => {
@@ -622,10 +622,7 @@ impl Engine {
                 debug_assert!(ok, "reserved above");
                 r.computed = hit;
                 cache_full_blocks(kv, r, hit + chunk);
-                r.status = Status::Running;
-                self.running.push(id);
-                self.backlog += uncomputed_prompt(r);
-                self.step.push((id, chunk));
+                self.start_running(id, r, chunk);
                 *budget -= chunk;
             }
         }
