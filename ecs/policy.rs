@@ -577,29 +577,26 @@ impl Plugin {
         scope.push("state", Map::new());
         let mut ast = compile(&scope)?;
         ast.clear_statements();
-        let defines = |h: Hook| {
-            ast.iter_functions()
-                .any(|f| f.name == h.name() && f.params.len() == h.arity())
+        let find = |h: Hook| {
+            ast.iter_fn_def()
+                .find(|f| f.name == h.name() && f.params.len() == h.arity())
+                .map(|f| (h, f))
         };
-        let hook = match kind {
-            Hook::Score if !defines(Hook::Score) && defines(Hook::ScoreAll) => Hook::ScoreAll,
-            h => h,
+        let found = match kind {
+            Hook::Score => find(Hook::Score).or_else(|| find(Hook::ScoreAll)),
+            h => find(h),
         };
-        if !defines(hook) {
+        let Some((hook, hook_fn)) = found else {
             return Err(Error::new(format!(
                 "script {path}: it is used as a {} plugin but defines no `{}`",
                 kind.kind(),
                 kind.signature()
             )));
-        }
+        };
         // The hook's body, compiled again on its own as top-level statements
         // with the hook's parameters as scope variables: a call then only
         // sets those variables and runs the statements, skipping rhai's
         // function-call machinery (which allocates per argument).
-        let hook_fn = ast
-            .iter_fn_def()
-            .find(|f| f.name == hook.name() && f.params.len() == hook.arity())
-            .expect("hook defined (checked above)");
         let body_text = only_between(
             &text,
             hook_fn.body.start_position(),
