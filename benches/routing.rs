@@ -10,7 +10,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use pdsim::policy::{PodView, Policies, ReqView, Role};
+use pdsim::engine::Role;
+use pdsim::router::policy::{PodView, Policies, ReqView};
 
 fn pod(role: &str, index: i64, active: i64, cached: i64) -> PodView {
     PodView {

@@ -1,13 +1,14 @@
-//! The command line: `pdsim run`, `pdsim check`.
+//! The command line: `pdsim run`, `check`, `sweep`, `merge`, `replay`.
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
-use crate::error::Result;
-use crate::report::write_atomic;
-use crate::scenario;
-use crate::sim::Sim;
+use crate::error::{Error, Result};
+use crate::metrics::figures::{LogHistogram, cdf_svg, write_series};
+use crate::metrics::{Metrics, Report, write_atomic};
+use crate::scenario::{self, Scenario};
+use crate::sim::{SIM_TIME, Sim};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -84,9 +85,9 @@ pub enum Command {
     },
     /// Run a scenario over a grid of parameters × seeds, in parallel;
     /// summarise each point (median over seeds and range). Resumable.
-    Sweep(crate::sweep::SweepArgs),
+    Sweep(crate::experiment::SweepArgs),
     /// Combine the out dirs of a sharded sweep into one, with its summary.
-    Merge(crate::sweep::MergeArgs),
+    Merge(crate::experiment::MergeArgs),
     /// Replay a request trace (the vLLM oracle's format, docs/oracle.md) on
     /// one engine or one prefiller + one decoder, without a router, and write
     /// the oracle's per-request and per-step report (docs/fidelity.md).
@@ -101,9 +102,6 @@ pub enum Command {
         set: Vec<String>,
     },
 }
-
-/// Simulated time of the tick in progress, for log timestamps.
-pub static SIM_TIME: AtomicU64 = AtomicU64::new(0);
 
 struct SimTimer;
 
@@ -157,7 +155,7 @@ fn execute(command: Command) -> Result<()> {
         } => {
             let sc = scenario::load(&scenario, &opts.overrides())?;
             let report = match &plots {
-                Some(dir) => crate::plots::run_with_plots(&sc, dir, sample_interval)?,
+                Some(dir) => run_with_plots(&sc, dir, sample_interval)?,
                 None => Sim::new(&sc)?.run()?,
             };
             print!("{}", report.to_text());
@@ -186,7 +184,7 @@ fn execute(command: Command) -> Result<()> {
         Command::Sweep(args) => {
             use std::io::IsTerminal as _;
             let wall = std::time::Instant::now();
-            let done = crate::sweep::sweep(&args, std::io::stderr().is_terminal())?;
+            let done = crate::experiment::sweep(&args, std::io::stderr().is_terminal())?;
             print!("{}", done.to_text());
             println!(
                 "{} runs, {} already done; wall {:.1} s; written to {}",
@@ -206,7 +204,7 @@ fn execute(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Merge(args) => {
-            let done = crate::sweep::merge(&args)?;
+            let done = crate::experiment::merge(&args)?;
             print!("{}", done.to_text());
             println!(
                 "merged {} runs ({} copied) into {}",
@@ -217,4 +215,30 @@ fn execute(command: Command) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `pdsim run --plots DIR`: the run, with its time series and CDFs in `dir`.
+pub fn run_with_plots(scenario: &Scenario, dir: &Path, interval: f64) -> Result<Report> {
+    if !(interval.is_finite() && interval > 0.0) {
+        return Err(Error::new(format!(
+            "--sample-interval must be a positive number of seconds, got {interval}"
+        )));
+    }
+    let mut sim = Sim::new(scenario)?;
+    sim.record_series(interval);
+    let report = sim.run()?;
+    if let Some(series) = sim.take_series() {
+        write_series(&series, dir)?;
+    }
+    let overall = sim.world.resource::<Metrics>().overall();
+    let name = format!("{} seed {}", report.scenario, report.seed);
+    for (obs, title) in [("ttft", "TTFT"), ("response", "response time")] {
+        let curve = LogHistogram::of(overall.get(obs)).cdf();
+        cdf_svg(
+            &dir.join(format!("cdf_{obs}.svg")),
+            &format!("{title} CDF"),
+            &[(name.clone(), curve)],
+        )?;
+    }
+    Ok(report)
 }

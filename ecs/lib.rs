@@ -2,41 +2,40 @@
 //! runs it on vLLM — the llm-d router in front of prefill and decode vLLM
 //! instances that hand the KV cache over with NIXL.
 //!
-//! The modules follow `MODEL.md`:
+//! The modules follow `MODEL.md` (docs/architecture.md walks through them):
 //!
 //! | MODEL.md | module |
 //! |---|---|
-//! | §2 time, ticks, system order | [`sim`] (the ordering contract), [`agenda`] |
+//! | §2 time, ticks, system order | [`sim`] (the ordering contract, the schedule), [`shared`] (clock, agenda, the tick's queues) |
 //! | §3 workload | [`workload`] |
-//! | §4 gateway: router + sidecar | [`gateway`], [`policy`] (rhai scripts), [`router_book`] |
-//! | §5 scheduler, §6 prefill, §7 decode | [`engine`], [`request`] |
-//! | §5 KV pool, prefix cache | [`kv`] |
-//! | §6–§8 leases, NIXL flows, NICs | [`transfer`], [`sharing`] (max-min) |
-//! | §9 observations and gauges | [`metrics`], [`report`] |
+//! | §4 gateway: router + sidecar | [`router`] (profiles, decider, sidecar, bookkeeping, the rhai policy host) |
+//! | §5 scheduler, §6 prefill, §7 decode | [`engine`] (scheduler, requests, step cost) |
+//! | §5 KV pool, prefix cache | [`engine::kv`] |
+//! | §6–§8 leases, NIXL flows, NICs | [`transfer`] (and [`transfer::sharing`]: max-min) |
+//! | §9 observations and gauges | [`metrics`] (and the report, figures) |
 //! | §10 scenarios | [`scenario`] |
+//! | §11 experiments | [`experiment`] (sweeps) |
+//! | fidelity to vLLM | [`replay`] (the oracle's trace format) |
+//!
+//! Dependencies go one way: `cli` → `experiment`, `replay` → `sim` →
+//! `workload`, `metrics` → `router` → `transfer` → `engine` → `shared` →
+//! `scenario` → `error`.
 
-pub mod agenda;
 pub mod cli;
 pub mod engine;
 pub mod error;
-pub mod gateway;
-pub mod kv;
+pub mod experiment;
 pub mod metrics;
-pub mod plots;
-pub mod policy;
 pub mod replay;
-pub mod report;
-pub mod request;
-pub mod router_book;
+pub mod router;
 pub mod scenario;
-pub mod sharing;
+pub mod shared;
 pub mod sim;
-pub mod sweep;
 pub mod transfer;
 pub mod workload;
 
 pub use error::{Error, Result};
-pub use report::Report;
+pub use metrics::Report;
 pub use scenario::Scenario;
 pub use sim::{Sim, SimSystems};
 

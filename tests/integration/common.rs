@@ -5,13 +5,13 @@ use bevy_ecs::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pdsim::engine::{Engine, KvPool};
-use pdsim::gateway::RouterMode;
-use pdsim::policy::Role;
-use pdsim::request::Request;
+use pdsim::engine::record::{FinishedRequests, StepRecord, StepRecorder};
+use pdsim::engine::{Engine, KvPool, Request, Role};
+use pdsim::router::RouterMode;
 use pdsim::scenario::{self, Scenario};
-use pdsim::sim::{Clock, FinishedRequests, Sim, SimSystems, StepRecord, StepRecorder};
+use pdsim::shared::Clock;
 use pdsim::workload::TraceRequest;
+use pdsim::{Sim, SimSystems};
 
 pub const EPS: f64 = 1e-9;
 

@@ -3,6 +3,7 @@
 mod common;
 mod errors;
 mod golden;
+mod layout;
 mod mechanisms;
 mod policies;
 mod runs;

@@ -5,9 +5,9 @@
 //! max(0.01, 0.001 × tokens) s; NICs carry 1000 tokens/s; reads wait 5 ms.
 
 use crate::common::*;
-use pdsim::policy::Role;
+use pdsim::engine::Role;
 
-fn sched(steps: &[&pdsim::sim::StepRecord]) -> Vec<Vec<(u64, u32)>> {
+fn sched(steps: &[&pdsim::engine::record::StepRecord]) -> Vec<Vec<(u64, u32)>> {
     steps.iter().map(|s| s.scheduled.clone()).collect()
 }
 
@@ -404,7 +404,7 @@ fn repeated_decode_steps_give_the_same_times_as_step_by_step() {
         let report = sim.run().unwrap();
         let done = sim
             .world
-            .remove_resource::<pdsim::sim::FinishedRequests>()
+            .remove_resource::<pdsim::engine::record::FinishedRequests>()
             .unwrap()
             .0;
         let times: Vec<(u64, f64, f64, u32, u32)> = done

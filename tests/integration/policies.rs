@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use pdsim::policy::{PodView, Policies, ReqView, Role};
+use pdsim::engine::Role;
+use pdsim::router::policy::{PodView, Policies, ReqView};
 use pdsim::scenario::{self, ParamValue, Plugin, Profile, Router, Scorer};
 
 fn params(kv: &[(&str, ParamValue)]) -> BTreeMap<String, ParamValue> {

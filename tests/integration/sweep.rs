@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use pdsim::sweep::{self, MergeArgs, SweepArgs};
+use pdsim::experiment::{self, MergeArgs, SweepArgs};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pdsim-sweep-{name}-{}", std::process::id()));
@@ -52,12 +52,12 @@ fn run_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-fn sweep_ok(a: &SweepArgs) -> sweep::SweepOutcome {
-    sweep::sweep(a, false).unwrap_or_else(|e| panic!("{e}"))
+fn sweep_ok(a: &SweepArgs) -> experiment::SweepOutcome {
+    experiment::sweep(a, false).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn sweep_err(a: &SweepArgs) -> String {
-    let e = sweep::sweep(a, false).expect_err("the sweep must be refused");
+    let e = experiment::sweep(a, false).expect_err("the sweep must be refused");
     let e = e.to_string();
     assert!(!e.contains('\n'), "one line, got: {e}");
     e
@@ -98,7 +98,7 @@ fn threads_and_shards_do_not_change_the_summary() {
         shard_runs += s.ran;
     }
     assert_eq!(shard_runs, 6, "the shards split the runs");
-    let merged = sweep::merge(&MergeArgs {
+    let merged = experiment::merge(&MergeArgs {
         dirs: vec![root.join("s1"), root.join("s2")],
         out: Some(root.join("merged")),
         plots: false,
@@ -108,7 +108,7 @@ fn threads_and_shards_do_not_change_the_summary() {
     assert_eq!(summaries(&root.join("j1")), summaries(&root.join("merged")));
 
     // A shard alone cannot be merged into a summary.
-    let e = sweep::merge(&MergeArgs {
+    let e = experiment::merge(&MergeArgs {
         dirs: vec![root.join("s1")],
         out: Some(root.join("half")),
         plots: false,
@@ -259,7 +259,7 @@ fn bad_arguments_get_one_line_naming_what_is_wrong() {
 #[test]
 fn experiment_files_plan_their_tables() {
     let plan = |file: &str| {
-        sweep::plan(&SweepArgs {
+        experiment::plan(&SweepArgs {
             target: format!("scenarios/experiments/{file}").into(),
             ..Default::default()
         })
@@ -286,11 +286,11 @@ fn experiment_files_plan_their_tables() {
     for f in std::fs::read_dir("scenarios/experiments").unwrap() {
         let p = f.unwrap().path();
         if p.extension().is_some_and(|x| x == "ron") {
-            assert!(sweep::is_experiment(&p), "{p:?}");
+            assert!(experiment::is_experiment(&p), "{p:?}");
             plan(p.file_name().unwrap().to_str().unwrap());
         }
     }
-    assert!(!sweep::is_experiment(Path::new(
+    assert!(!experiment::is_experiment(Path::new(
         "scenarios/llmd_nixl_pull.ron"
     )));
 }
@@ -321,7 +321,7 @@ fn plots_are_svg_figures() {
     // One run: the same recorder, and the run's report is unchanged by it.
     let dir = root.join("one");
     let sc = pdsim::scenario::load(Path::new("tests/scenarios/tiny.ron"), &[]).unwrap();
-    let with = pdsim::plots::run_with_plots(&sc, &dir, 1.0).unwrap();
+    let with = pdsim::cli::run_with_plots(&sc, &dir, 1.0).unwrap();
     let without = pdsim::Sim::new(&sc).unwrap().run().unwrap();
     assert_eq!(with.to_json(), without.to_json());
     for f in [

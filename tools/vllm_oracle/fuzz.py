@@ -4,7 +4,6 @@ this process) and `pdsim replay` (the release binary), compared step by step.
 
     cargo build --release
     tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/fuzz.py --fuzz 200 --seed 1
-    # or: tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/oracle.py --fuzz 200 --seed 1
 
 Each trace is small and random: single engine or P/D, block sizes, pool sizes
 (from one max_model_len request up to ample), budgets, slots, step costs,

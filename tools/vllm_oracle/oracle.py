@@ -2,7 +2,8 @@
 """Drive vLLM's real v1 scheduler on an explicit request trace (the oracle).
 
     tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/oracle.py TRACE.json [--json OUT]
-    tools/vllm_oracle/.venv/bin/python tools/vllm_oracle/oracle.py --fuzz N [--seed S]
+
+Differential fuzzing against `pdsim replay` is fuzz.py, which imports this.
 
 The scheduler, KV cache manager, block pool and (in P/D mode) the NIXL
 connector's scheduler side are vLLM's own objects; only the model runner and
@@ -259,7 +260,7 @@ class Reads:
 
     Flows are brought up to date, and their finish times recomputed, only when
     the set of flows changes (a read starts or ends), with the same arithmetic
-    as pdsim (ecs/transfer.rs): remaining -= rate * elapsed (not below 0),
+    as pdsim (ecs/transfer/systems.rs): remaining -= rate * elapsed (not below 0),
     finish = now + remaining / rate. Updating at every event instead gives the
     same times up to float rounding, which is enough to order a read's end and
     a step's end that coincide differently on the two sides."""
@@ -411,19 +412,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", nargs="?")
     ap.add_argument("--json", help="write the report here (default: stdout)")
-    ap.add_argument("--fuzz", type=int, metavar="N",
-                    help="differential fuzzing instead: N random traces, each run here and by "
-                         "`pdsim replay`, stopping at the first divergence (fuzz.py)")
-    ap.add_argument("--seed", type=int, default=1, help="seed of --fuzz")
-    ap.add_argument("--start", type=int, default=0, help="first trace of --fuzz (default 0)")
-    ap.add_argument("--pdsim", help="pdsim binary for --fuzz (default: target/release/pdsim)")
     args = ap.parse_args()
-    if args.fuzz is not None:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import fuzz
-        sys.exit(fuzz.fuzz(args.fuzz, args.seed, args.pdsim, start=args.start))
     if args.trace is None:
-        ap.error("a trace is required (or --fuzz N)")
+        ap.error("a trace is required (differential fuzzing is fuzz.py)")
     with open(args.trace) as f:
         report = run(json.load(f))
     text = dumps(report)

@@ -1,0 +1,641 @@
+//! The KV pool of one instance: blocks, reference counts, the prefix cache and
+//! its LRU free queue (MODEL.md §5, vLLM's `BlockPool`).
+//!
+//! * A block is *held* while its reference count is above zero, *free cached*
+//!   when it is free but still registered under a content identity, else free.
+//! * Free blocks (cached or not) wait in one LRU queue; allocation pops its
+//!   front and evicts whatever identity the popped block had.
+//! * Requests free their blocks tail first, so the end of a prefix is evicted
+//!   before its start.
+//! * A hit on a free cached block takes it out of the queue.
+//!
+//! With [`EngineSemantics::Vllm033`] the pool follows vLLM 0.33's `BlockPool`
+//! (v1/core/block_pool.py) where it differs from MODEL.md: block 0 is the
+//! null block (one block fewer is usable), blocks without an identity (a
+//! request's partial last block) are freed to the *front* of the queue, and
+//! several blocks may hold one identity (a lookup finds the oldest).
+
+use bevy_ecs::prelude::*;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::scenario::{EngineConfig, EngineSemantics};
+
+/// An instance's KV pool (blocks, prefix cache, LRU), as a component.
+#[derive(Component, Debug)]
+pub struct KvPool(pub BlockPool);
+
+pub type BlockId = u32;
+
+/// Identity of a full block's content: block `index` of token stream `stream`
+/// (for the synthetic workload the stream is the session: MODEL.md §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BlockKey {
+    pub stream: u64,
+    pub index: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Block {
+    ref_cnt: u32,
+    key: Option<BlockKey>,
+    // Intrusive doubly linked free queue (NONE when not in the queue).
+    prev: u32,
+    next: u32,
+    in_queue: bool,
+}
+
+/// Multiplicative hasher for block keys: the default SipHash is several times
+/// slower and this map is on the admission path.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+}
+
+/// The prefix-cache index: per stream, the block holding each of its block
+/// indices (NONE where not cached), how many are cached, and how many lead
+/// without a gap (the stream's cached prefix, which the router asks for
+/// every candidate of every request). One hash lookup per operation, then
+/// an array walk.
+#[derive(Clone, Debug, Default)]
+struct StreamBlocks {
+    at: Vec<BlockId>,
+    count: u32,
+    leading: u32,
+}
+
+type StreamMap = HashMap<u64, StreamBlocks, BuildHasherDefault<KeyHasher>>;
+
+/// One instance's KV pool.
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    block_size: u32,
+    blocks: Vec<Block>,
+    cached: StreamMap,
+    head: u32,
+    tail: u32,
+    num_free: u32,
+    /// Free blocks that still carry an identity (evictable cache).
+    num_free_cached: u32,
+    /// vLLM 0.33: unhashed blocks are freed to the front, and an identity may
+    /// be held by several blocks (see the module docs).
+    vllm: bool,
+    /// vLLM 0.33 only: further blocks holding an identity whose first holder
+    /// is in the stream index, oldest first (`BlockHashToBlockMap`).
+    dups: HashMap<BlockKey, Vec<BlockId>, BuildHasherDefault<KeyHasher>>,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` empty blocks; the free queue starts in id order.
+    pub fn new(num_blocks: u32, block_size: u32) -> Self {
+        assert!(block_size > 0, "block size must be positive");
+        let blocks = (0..num_blocks)
+            .map(|i| Block {
+                ref_cnt: 0,
+                key: None,
+                prev: if i == 0 { NONE } else { i - 1 },
+                next: if i + 1 == num_blocks { NONE } else { i + 1 },
+                in_queue: true,
+            })
+            .collect();
+        BlockPool {
+            block_size,
+            blocks,
+            cached: StreamMap::default(),
+            head: if num_blocks == 0 { NONE } else { 0 },
+            tail: if num_blocks == 0 {
+                NONE
+            } else {
+                num_blocks - 1
+            },
+            num_free: num_blocks,
+            num_free_cached: 0,
+            vllm: false,
+            dups: HashMap::default(),
+        }
+    }
+
+    /// The KV pool of an engine of configuration `cfg`: `num_gpu_blocks`
+    /// blocks, or with vLLM 0.33's semantics one fewer (`BlockPool.__init__`
+    /// pops block 0 as the null block) and its free and duplicate rules.
+    pub fn for_engine(cfg: &EngineConfig, semantics: EngineSemantics) -> Self {
+        match semantics {
+            EngineSemantics::Reference => Self::new(cfg.num_gpu_blocks, cfg.block_size),
+            EngineSemantics::Vllm033 => {
+                let mut pool = Self::new(cfg.num_gpu_blocks.saturating_sub(1), cfg.block_size);
+                pool.vllm = true;
+                pool
+            }
+        }
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    pub fn num_blocks(&self) -> u32 {
+        self.blocks.len() as u32
+    }
+    /// Blocks in the free queue (free or free cached): what allocation can take.
+    pub fn num_free(&self) -> u32 {
+        self.num_free
+    }
+    /// Blocks some request or lease references.
+    pub fn num_held(&self) -> u32 {
+        self.num_blocks() - self.num_free
+    }
+    /// Blocks that are free but still findable by the prefix cache.
+    pub fn num_free_cached(&self) -> u32 {
+        self.num_free_cached
+    }
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: u32) -> u32 {
+        tokens.div_ceil(self.block_size)
+    }
+    /// Whether a block currently has identity `key`.
+    pub fn is_cached(&self, key: BlockKey) -> bool {
+        self.lookup(key).is_some()
+    }
+
+    fn lookup(&self, key: BlockKey) -> Option<BlockId> {
+        let s = self.cached.get(&key.stream)?;
+        s.at.get(key.index as usize).copied().filter(|&b| b != NONE)
+    }
+
+    /// The blocks holding the first `n` blocks of `stream` (all cached).
+    fn prefix(&self, stream: u64, n: u32) -> &[BlockId] {
+        if n == 0 {
+            return &[];
+        }
+        &self.cached[&stream].at[..n as usize]
+    }
+    pub fn ref_count(&self, id: BlockId) -> u32 {
+        self.blocks[id as usize].ref_cnt
+    }
+
+    /// `cachedin`: the number of leading blocks of `stream` the pool has
+    /// cached (held or free cached), looking at no more than `max_blocks`.
+    pub fn cached_prefix_blocks(&self, stream: u64, max_blocks: u32) -> u32 {
+        let Some(s) = self.cached.get(&stream) else {
+            return 0;
+        };
+        debug_assert_eq!(
+            s.leading as usize,
+            s.at.iter().take_while(|&&b| b != NONE).count()
+        );
+        s.leading.min(max_blocks)
+    }
+
+    /// How many of the first `n` cached blocks of `stream` sit in the free
+    /// queue: a hit on them takes them out of it, so they do not count as
+    /// room for new blocks.
+    pub fn free_among_prefix(&self, stream: u64, n: u32) -> u32 {
+        self.prefix(stream, n)
+            .iter()
+            .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
+            .count() as u32
+    }
+
+    /// Whether `new_blocks` fresh blocks can be allocated after a hit on the
+    /// first `hit_blocks` cached blocks of `stream`.
+    pub fn can_allocate_after_hit(&self, stream: u64, hit_blocks: u32, new_blocks: u32) -> bool {
+        new_blocks + self.free_among_prefix(stream, hit_blocks) <= self.num_free
+    }
+
+    /// Takes a reference on each of the first `n` cached blocks of `stream`
+    /// (which must be cached) and appends them to `table`.
+    pub fn touch_prefix(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
+        if n == 0 {
+            return;
+        }
+        // Borrow the index out of the map while taking references.
+        let at = std::mem::take(&mut self.cached.get_mut(&stream).expect("cached stream").at);
+        for &id in &at[..n as usize] {
+            self.take_ref(id);
+            table.push(id);
+        }
+        self.cached.get_mut(&stream).expect("cached stream").at = at;
+    }
+
+    fn take_ref(&mut self, id: BlockId) {
+        if self.blocks[id as usize].in_queue {
+            self.unlink(id);
+            if self.blocks[id as usize].key.is_some() {
+                self.num_free_cached -= 1;
+            }
+        }
+        self.blocks[id as usize].ref_cnt += 1;
+    }
+
+    /// Allocates `n` blocks from the front of the free queue (evicting their
+    /// cached identities) and appends them to `table`. Returns false, changing
+    /// nothing, when fewer than `n` blocks are free.
+    pub fn allocate(&mut self, n: u32, table: &mut Vec<BlockId>) -> bool {
+        if n > self.num_free {
+            return false;
+        }
+        for _ in 0..n {
+            let id = self.head;
+            self.unlink(id);
+            if let Some(key) = self.blocks[id as usize].key.take() {
+                if self.vllm {
+                    self.evict_vllm(id, key);
+                } else {
+                    self.uncache(key);
+                }
+                self.num_free_cached -= 1;
+            }
+            self.blocks[id as usize].ref_cnt = 1;
+            table.push(id);
+        }
+        true
+    }
+
+    /// Registers block `id` (full and computed) under `key`. A newer block
+    /// with the same content replaces the older one in the index, and the
+    /// older one loses its identity (it can no longer be found).
+    pub fn cache_block(&mut self, id: BlockId, key: BlockKey) {
+        if self.blocks[id as usize].key == Some(key) {
+            return;
+        }
+        debug_assert!(
+            self.blocks[id as usize].key.is_none(),
+            "block {id} already cached"
+        );
+        let s = self.cached.entry(key.stream).or_default();
+        let i = key.index as usize;
+        if s.at.len() <= i {
+            s.at.resize(i + 1, NONE);
+        }
+        if self.vllm && s.at[i] != NONE {
+            // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with the
+            // same hash joins the first; lookups keep finding the oldest
+            // (`get_one_block`), and each keeps its hash until evicted.
+            self.dups.entry(key).or_default().push(id);
+            self.blocks[id as usize].key = Some(key);
+            return;
+        }
+        let old = std::mem::replace(&mut s.at[i], id);
+        if old == NONE {
+            s.count += 1;
+            while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+                s.leading += 1;
+            }
+        } else {
+            let b = &mut self.blocks[old as usize];
+            b.key = None;
+            if b.in_queue {
+                self.num_free_cached -= 1;
+            }
+        }
+        self.blocks[id as usize].key = Some(key);
+    }
+
+    /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
+    /// `BlockHashToBlockMap.pop`): block `id` loses identity `key`; if other
+    /// blocks hold it, the oldest of them becomes the one lookups find.
+    fn evict_vllm(&mut self, id: BlockId, key: BlockKey) {
+        if let Some(dups) = self.dups.get_mut(&key) {
+            let at = &mut self
+                .cached
+                .get_mut(&key.stream)
+                .expect("a cached stream")
+                .at[key.index as usize];
+            if *at == id {
+                *at = dups.remove(0);
+            } else {
+                dups.retain(|&b| b != id);
+            }
+            if dups.is_empty() {
+                self.dups.remove(&key);
+            }
+            return;
+        }
+        self.uncache(key);
+    }
+
+    /// Forgets the identity `key` (its block is being reused).
+    fn uncache(&mut self, key: BlockKey) {
+        let s = self.cached.get_mut(&key.stream).expect("a cached stream");
+        s.at[key.index as usize] = NONE;
+        s.count -= 1;
+        s.leading = s.leading.min(key.index);
+        if s.count == 0 {
+            self.cached.remove(&key.stream);
+        } else {
+            while s.at.last() == Some(&NONE) {
+                s.at.pop();
+            }
+        }
+    }
+
+    /// Drops one reference on each block of `table`, tail first; blocks that
+    /// reach zero join the back of the free queue (keeping their identity).
+    pub fn free(&mut self, table: &[BlockId]) {
+        if self.vllm {
+            return self.free_vllm(table);
+        }
+        for &id in table.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                if block.key.is_some() {
+                    self.num_free_cached += 1;
+                }
+                self.push_back(id);
+            }
+        }
+    }
+
+    /// vLLM 0.33 `BlockPool.free_blocks(reversed(blocks))`: blocks that
+    /// reach zero references are taken tail first; those with a hash join the
+    /// back of the queue in that order (`append_n`), those without (a partial
+    /// last block) the front, the request's last block first (`prepend_n`:
+    /// "LIFO reuse of non-cached blocks").
+    fn free_vllm(&mut self, table: &[BlockId]) {
+        let mut unhashed = false;
+        for &id in table.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                if block.key.is_some() {
+                    self.num_free_cached += 1;
+                    self.push_back(id);
+                } else {
+                    unhashed = true;
+                }
+            }
+        }
+        if unhashed {
+            // Pushing to the front in table order leaves the tail block first.
+            for &id in table {
+                let b = &self.blocks[id as usize];
+                if b.ref_cnt == 0 && !b.in_queue {
+                    self.push_front(id);
+                }
+            }
+        }
+    }
+
+    fn push_front(&mut self, id: BlockId) {
+        let head = self.head;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = NONE;
+            b.next = head;
+            b.in_queue = true;
+        }
+        if head == NONE {
+            self.tail = id;
+        } else {
+            self.blocks[head as usize].prev = id;
+        }
+        self.head = id;
+        self.num_free += 1;
+    }
+
+    fn unlink(&mut self, id: BlockId) {
+        let (prev, next) = {
+            let b = &self.blocks[id as usize];
+            (b.prev, b.next)
+        };
+        if prev == NONE {
+            self.head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NONE {
+            self.tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        let b = &mut self.blocks[id as usize];
+        b.prev = NONE;
+        b.next = NONE;
+        b.in_queue = false;
+        self.num_free -= 1;
+    }
+
+    fn push_back(&mut self, id: BlockId) {
+        let tail = self.tail;
+        {
+            let b = &mut self.blocks[id as usize];
+            b.prev = tail;
+            b.next = NONE;
+            b.in_queue = true;
+        }
+        if tail == NONE {
+            self.head = id;
+        } else {
+            self.blocks[tail as usize].next = id;
+        }
+        self.tail = id;
+        self.num_free += 1;
+    }
+
+    /// The free queue from front (next evicted) to back, for tests.
+    pub fn free_queue(&self) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        let mut id = self.head;
+        while id != NONE {
+            out.push(id);
+            id = self.blocks[id as usize].next;
+        }
+        out
+    }
+}
+
+/// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
+/// whole blocks only and never the last token (its logits must be computed).
+pub fn reusable(tokens: u32, block_size: u32) -> u32 {
+    if tokens == 0 {
+        return 0;
+    }
+    (tokens - 1) / block_size * block_size
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(stream: u64, index: u32) -> BlockKey {
+        BlockKey { stream, index }
+    }
+
+    #[test]
+    fn reusable_never_covers_the_last_token_or_a_partial_block() {
+        // block 16: 32 tokens -> the last token must be computed, so one block.
+        assert_eq!(reusable(32, 16), 16);
+        assert_eq!(reusable(33, 16), 32);
+        assert_eq!(reusable(16, 16), 0);
+        assert_eq!(reusable(1, 16), 0);
+        assert_eq!(reusable(0, 16), 0);
+        assert_eq!(reusable(47, 16), 32);
+    }
+
+    #[test]
+    fn allocation_pops_the_front_and_free_is_tail_first() {
+        let mut pool = BlockPool::new(4, 16);
+        let mut a = Vec::new();
+        assert!(pool.allocate(3, &mut a));
+        assert_eq!(a, vec![0, 1, 2]);
+        assert_eq!(pool.num_free(), 1);
+        assert_eq!(pool.num_held(), 3);
+        // Freed in reverse: 2 first, then 1, then 0 join the back after 3.
+        pool.free(&a);
+        assert_eq!(pool.free_queue(), vec![3, 2, 1, 0]);
+        assert!(!pool.allocate(5, &mut Vec::new()), "only 4 blocks exist");
+        assert_eq!(pool.num_free(), 4);
+    }
+
+    #[test]
+    fn eviction_takes_the_tail_of_a_prefix_first() {
+        // 3 blocks, a session caches blocks (s,0),(s,1),(s,2), then frees them.
+        let mut pool = BlockPool::new(3, 16);
+        let mut t = Vec::new();
+        pool.allocate(3, &mut t);
+        for (i, &b) in t.iter().enumerate() {
+            pool.cache_block(b, key(7, i as u32));
+        }
+        pool.free(&t);
+        assert_eq!(pool.cached_prefix_blocks(7, 10), 3);
+        assert_eq!(pool.num_free_cached(), 3);
+        // One new block evicts (7,2): the prefix shrinks to 2 blocks, not 0.
+        let mut u = Vec::new();
+        pool.allocate(1, &mut u);
+        assert_eq!(u, vec![2]);
+        assert_eq!(pool.cached_prefix_blocks(7, 10), 2);
+        assert!(!pool.is_cached(key(7, 2)));
+    }
+
+    #[test]
+    fn a_hit_on_a_free_cached_block_takes_it_out_of_the_queue() {
+        let mut pool = BlockPool::new(4, 16);
+        let mut t = Vec::new();
+        pool.allocate(2, &mut t);
+        pool.cache_block(t[0], key(1, 0));
+        pool.cache_block(t[1], key(1, 1));
+        pool.free(&t);
+        // Queue: 2, 3, 1, 0. Hitting both cached blocks leaves 2 free blocks,
+        // so 2 more fit but 3 do not.
+        assert!(pool.can_allocate_after_hit(1, 2, 2));
+        assert!(!pool.can_allocate_after_hit(1, 2, 3));
+        let mut table = Vec::new();
+        pool.touch_prefix(1, 2, &mut table);
+        assert_eq!(table, vec![0, 1]);
+        assert_eq!(pool.free_queue(), vec![2, 3]);
+        assert_eq!(pool.ref_count(0), 1);
+        // A second holder shares the blocks: reference counts go to 2.
+        let mut other = Vec::new();
+        pool.touch_prefix(1, 1, &mut other);
+        assert_eq!(pool.ref_count(0), 2);
+        pool.free(&other);
+        assert_eq!(pool.ref_count(0), 1);
+        assert_eq!(pool.num_free(), 2, "still held by the first table");
+    }
+
+    #[test]
+    fn a_newer_copy_replaces_the_index_entry_and_eviction_of_the_old_keeps_it() {
+        let mut pool = BlockPool::new(2, 4);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(1, &mut a);
+        pool.allocate(1, &mut b);
+        pool.cache_block(a[0], key(3, 0));
+        pool.cache_block(b[0], key(3, 0));
+        pool.free(&a);
+        // Reallocating block a evicts its identity but the index names b.
+        let mut c = Vec::new();
+        pool.allocate(1, &mut c);
+        assert_eq!(c, a);
+        assert!(pool.is_cached(key(3, 0)));
+        assert_eq!(pool.cached_prefix_blocks(3, 5), 1);
+        assert_eq!(pool.num_free_cached(), 0);
+        pool.free(&b);
+        assert_eq!(pool.num_free_cached(), 1);
+    }
+
+    fn vllm_pool(num_gpu_blocks: u32, block_size: u32) -> BlockPool {
+        let cfg = EngineConfig {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            num_gpu_blocks,
+            block_size,
+            max_model_len: 16,
+        };
+        BlockPool::for_engine(&cfg, EngineSemantics::Vllm033)
+    }
+
+    #[test]
+    fn vllm_has_a_null_block() {
+        assert_eq!(vllm_pool(11, 4).num_blocks(), 10);
+    }
+
+    #[test]
+    fn vllm_frees_the_partial_last_block_to_the_front() {
+        // 5 blocks; a request holds 3: two full (cached) and a partial one.
+        let mut pool = vllm_pool(6, 4);
+        let mut t = Vec::new();
+        pool.allocate(3, &mut t);
+        pool.cache_block(t[0], key(1, 0));
+        pool.cache_block(t[1], key(1, 1));
+        pool.free(&t);
+        // Queue: the partial block first, then the never-used ones, then the
+        // cached blocks tail first (block 1 is evicted before block 0).
+        assert_eq!(pool.free_queue(), vec![2, 3, 4, 1, 0]);
+        assert_eq!(pool.num_free_cached(), 2);
+        // The reference frees everything to the back.
+        let mut r = BlockPool::new(5, 4);
+        let mut t = Vec::new();
+        r.allocate(3, &mut t);
+        r.cache_block(t[0], key(1, 0));
+        r.cache_block(t[1], key(1, 1));
+        r.free(&t);
+        assert_eq!(r.free_queue(), vec![3, 4, 2, 1, 0]);
+    }
+
+    #[test]
+    fn vllm_keeps_duplicate_blocks_and_finds_the_oldest() {
+        let mut pool = vllm_pool(4, 4);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(1, &mut a);
+        pool.allocate(1, &mut b);
+        pool.cache_block(a[0], key(3, 0));
+        pool.cache_block(b[0], key(3, 0));
+        // Lookups find the first holder; both keep the identity.
+        let mut hit = Vec::new();
+        pool.touch_prefix(3, 1, &mut hit);
+        assert_eq!(hit, a);
+        pool.free(&hit);
+        pool.free(&a);
+        pool.free(&b);
+        assert_eq!(pool.num_free_cached(), 2);
+        // Queue: [2, a, b]. Allocating two evicts 2 (uncached) and a: the
+        // identity survives in b, which lookups now find.
+        let mut c = Vec::new();
+        pool.allocate(2, &mut c);
+        assert_eq!(c, vec![2, a[0]]);
+        assert_eq!(pool.cached_prefix_blocks(3, 1), 1);
+        let mut hit = Vec::new();
+        pool.touch_prefix(3, 1, &mut hit);
+        assert_eq!(hit, b);
+        assert_eq!(pool.num_free_cached(), 0);
+    }
+}

@@ -1,0 +1,176 @@
+//! A request: one turn of a session, from the gateway to its last token.
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::kv::BlockId;
+
+/// Which leg of the request the serving engine is running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leg {
+    /// On a prefiller: the prompt with `max_tokens = 1` (MODEL.md §6).
+    Prefill,
+    /// On a decoder: local prefill + decode, or decode after a remote prefill.
+    Decode,
+}
+
+/// Where the request stands on the engine serving its current leg.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// In a waiting queue, holding no KV (new, or preempted).
+    Waiting,
+    /// Remote path: whole prompt allocated, read in flight; no slot (vLLM's
+    /// WAITING_FOR_REMOTE_KVS).
+    Parked,
+    /// Remote path: KV read done, waiting for a slot ahead of new requests.
+    Ready,
+    /// Holds a slot and is in the running list.
+    Running,
+    /// Prefill leg done; its blocks are leased until the decoder reads them.
+    PrefillDone,
+    /// Last token produced.
+    Finished,
+}
+
+/// How the decode leg gets its prompt's KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSource {
+    /// Prefilled on the decoder itself.
+    Local,
+    /// To be read from a prefiller (NIXL pull): not read yet.
+    RemotePending,
+    /// Store-and-forward: copied out of the prefiller, comes with the request.
+    Delivered,
+    /// Read (NIXL) or delivered (store-and-forward): only the last prompt
+    /// token remains to compute.
+    RemoteArrived,
+}
+
+#[derive(Component, Clone, Debug)]
+pub struct Request {
+    pub id: u64,
+    /// Identity of the token stream for prefix caching (the session).
+    pub stream: u64,
+    pub session: Option<Entity>,
+    pub turn: u32,
+    /// When the request reached the gateway.
+    pub t0: f64,
+    /// The hot-swap phase it arrived in.
+    pub phase: u32,
+    pub prompt: u32,
+    pub new_tokens: u32,
+    /// Output tokens this request will produce (unknown to the scheduler and
+    /// router: only the step that completes it reads it).
+    pub output: u32,
+    /// Delay before the session's next turn, if it continues.
+    pub next_turn_in: Option<f64>,
+
+    pub decoder: Option<Entity>,
+    pub prefiller: Option<Entity>,
+    pub leg: Leg,
+    pub kv_source: KvSource,
+    pub status: Status,
+
+    // Progress on the engine serving the current leg.
+    pub computed: u32,
+    pub generated: u32,
+    pub blocks: Vec<BlockId>,
+    /// Leading blocks of `blocks` registered in the prefix cache.
+    pub cached_blocks: u32,
+    pub preemptions: u32,
+    /// Local prefix hit at the leg's first admission (tokens).
+    pub prefix_hit: Option<u32>,
+
+    pub first_token_at: Option<f64>,
+    /// When the prefiller answered (remote only).
+    pub t1: Option<f64>,
+    pub read_done_at: Option<f64>,
+    pub finished_at: Option<f64>,
+    /// Tokens read over the network (remote only).
+    pub remote_tokens: u32,
+    pub lease: Option<Entity>,
+    /// Trace requests routed without a router: prefill remotely?
+    pub trace_remote: bool,
+}
+
+impl Request {
+    pub fn new(id: u64, stream: u64, prompt: u32, output: u32, t0: f64) -> Request {
+        Request {
+            id,
+            stream,
+            session: None,
+            turn: 0,
+            t0,
+            phase: 0,
+            prompt,
+            new_tokens: prompt,
+            output,
+            next_turn_in: None,
+            decoder: None,
+            prefiller: None,
+            leg: Leg::Decode,
+            kv_source: KvSource::Local,
+            status: Status::Waiting,
+            computed: 0,
+            generated: 0,
+            blocks: Vec::new(),
+            cached_blocks: 0,
+            preemptions: 0,
+            prefix_hit: None,
+            first_token_at: None,
+            t1: None,
+            read_done_at: None,
+            finished_at: None,
+            remote_tokens: 0,
+            lease: None,
+            trace_remote: false,
+        }
+    }
+
+    /// Tokens the engine knows for this leg: the prompt plus what it sampled
+    /// (after a preemption, all of them must be recomputed).
+    pub fn known_tokens(&self) -> u32 {
+        self.prompt + self.generated
+    }
+
+    /// `max_tokens` of the current leg: 1 on the prefiller.
+    pub fn max_tokens(&self) -> u32 {
+        match self.leg {
+            Leg::Prefill => 1,
+            Leg::Decode => self.output,
+        }
+    }
+
+    /// Prefilled remotely (the router sent it to a prefiller).
+    pub fn remote(&self) -> bool {
+        self.prefiller.is_some()
+    }
+
+    /// Resets per-engine progress when the request moves to its decode leg.
+    pub fn start_decode_leg(&mut self, kv_source: KvSource) {
+        self.leg = Leg::Decode;
+        self.kv_source = kv_source;
+        self.status = Status::Waiting;
+        self.computed = 0;
+        self.generated = 0;
+        self.cached_blocks = 0;
+        self.prefix_hit = None;
+        debug_assert!(
+            self.blocks.is_empty(),
+            "the prefill leg's blocks belong to the lease"
+        );
+    }
+}
+
+/// Storage the scheduler reads requests from: the ECS query in a run, a plain
+/// map in unit tests.
+pub trait RequestStore {
+    fn req(&mut self, id: Entity) -> &mut Request;
+}
+
+impl RequestStore for Query<'_, '_, &mut Request> {
+    fn req(&mut self, id: Entity) -> &mut Request {
+        self.get_mut(id)
+            .expect("a queued request exists")
+            .into_inner()
+    }
+}

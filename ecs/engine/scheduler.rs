@@ -1,0 +1,390 @@
+//! Forming a step and applying it at its end (MODEL.md §5–§7; the
+//! overview is in [`crate::engine`]).
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::kv::{BlockPool, reusable};
+use crate::engine::request::{KvSource, Leg, Request, RequestStore, Status};
+use crate::engine::{Engine, StepLog, cache_full_blocks, uncomputed_prompt};
+use crate::scenario::EngineSemantics;
+
+impl Engine {
+    /// Forms the next step at `now`. Returns when it ends (the end of the
+    /// whole run, when it repeats), or None when nothing can be computed now
+    /// (the engine stays idle until something changes).
+    pub fn start_step(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> Option<f64> {
+        let duration = self.form_step(kv, reqs, log)?;
+        self.step_start = now;
+        self.repeat = 1;
+        let mut end = now + duration;
+        if self.repeat_steps && log.preempted.is_empty() {
+            let repeat = self.repeatable(kv, reqs);
+            if repeat > 1 {
+                self.repeat = repeat;
+                end = self.run_boundary(repeat);
+            }
+        }
+        self.busy_until = Some(end);
+        self.generation += 1;
+        Some(end)
+    }
+
+    /// Forms the next step's composition. Returns one step's duration.
+    fn form_step(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> Option<f64> {
+        self.dirty = false;
+        self.step.clear();
+        loop {
+            let parked_before = log.parked.len();
+            let preempted = self.schedule_running(kv, reqs, log);
+            if !preempted {
+                match self.semantics {
+                    EngineSemantics::Reference => self.admit_waiting(kv, reqs, log),
+                    EngineSemantics::Vllm033 => self.admit_waiting_vllm(kv, reqs, log),
+                }
+            }
+            if !self.step.is_empty() {
+                break;
+            }
+            // A step that only preempted computes nothing: vLLM's next
+            // schedule() call runs at once and may admit. With vLLM's
+            // semantics, so does one after a call that parked or that was
+            // followed by news of finished transfers (EngineCore's loop).
+            let delivered = match self.semantics {
+                EngineSemantics::Reference => false,
+                EngineSemantics::Vllm033 => self.deliver_transfers(kv, reqs),
+            };
+            let parked =
+                self.semantics == EngineSemantics::Vllm033 && log.parked.len() > parked_before;
+            if !(preempted || delivered || parked) {
+                break;
+            }
+        }
+        debug_assert_eq!(self.backlog, self.counted_backlog(reqs));
+        if self.step.is_empty() {
+            return None;
+        }
+        let (mut tokens, mut kv_tokens) = (0u64, 0u64);
+        for &(id, n) in &self.step {
+            tokens += n as u64;
+            kv_tokens += (reqs.req(id).computed + n) as u64;
+        }
+        self.step_kv = kv_tokens;
+        Some(self.cost_of(tokens, kv_tokens))
+    }
+
+    /// Step 1: running requests in admission order. Returns whether anyone
+    /// was preempted.
+    fn schedule_running(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> bool {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let r = reqs.req(id);
+            let n = (r.known_tokens() - r.computed).min(budget);
+            let mut scheduled = true;
+            loop {
+                let r = reqs.req(id);
+                let need = kv
+                    .blocks_for(r.computed + n)
+                    .saturating_sub(r.blocks.len() as u32);
+                if kv.allocate(need, &mut r.blocks) {
+                    cache_full_blocks(kv, r, r.computed + n);
+                    break;
+                }
+                // No room: preempt the most recently admitted request.
+                let victim = self.running.pop().expect("the request itself is running");
+                self.preempt(victim, kv, reqs, log);
+                preempted = true;
+                if victim == id {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            self.step.push((id, n));
+            budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    fn preempt(
+        &mut self,
+        id: Entity,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let r = reqs.req(id);
+        self.backlog -= uncomputed_prompt(r);
+        kv.free(&r.blocks);
+        r.blocks.clear();
+        r.computed = 0;
+        r.cached_blocks = 0;
+        r.preemptions += 1;
+        r.status = Status::Waiting;
+        // A remote request (KV arrived) recomputes locally: no second read.
+        self.waiting.push_front(id);
+        log.preempted.push(id);
+    }
+
+    /// Admits `id` into the running set, computing `n` tokens in this step.
+    /// (The one place a request starts running: it keeps the backlog.)
+    fn start_running(&mut self, id: Entity, r: &mut Request, n: u32) {
+        r.status = Status::Running;
+        self.running.push(id);
+        self.backlog += uncomputed_prompt(r);
+        self.step.push((id, n));
+    }
+
+    /// Token budget the running requests left for admissions in this step.
+    fn budget_left(&self) -> u32 {
+        self.cfg.max_num_batched_tokens - self.step.iter().map(|s| s.1).sum::<u32>()
+    }
+
+    /// Step 2: ready remote requests, then waiting ones, head-of-line.
+    fn admit_waiting(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let mut budget = self.budget_left();
+        let slots = self.cfg.max_num_seqs as usize;
+        while budget > 0 {
+            if let Some(&id) = self.ready.front() {
+                // KV read: needs a slot and one token of budget.
+                if self.running.len() >= slots {
+                    return;
+                }
+                self.ready.pop_front();
+                let r = reqs.req(id);
+                let n = (r.known_tokens() - r.computed).min(budget);
+                let need = kv
+                    .blocks_for(r.computed + n)
+                    .saturating_sub(r.blocks.len() as u32);
+                let ok = kv.allocate(need, &mut r.blocks);
+                debug_assert!(
+                    ok && need == 0,
+                    "a read request's whole prompt is allocated"
+                );
+                cache_full_blocks(kv, r, r.computed + n);
+                self.start_running(id, r, n);
+                budget -= n;
+                continue;
+            }
+            if self.waiting.is_empty() || self.running.len() >= slots {
+                return;
+            }
+            if !self.admit_next_waiting(&mut budget, kv, reqs, log) {
+                return;
+            }
+        }
+    }
+
+    /// Step 2 with vLLM 0.33's semantics (`Scheduler.schedule`, the loop over
+    /// `kv_holding_waiting`, then `waiting`). Parked requests stay in `ready`
+    /// (vLLM's `kv_holding_waiting`) in parking order, counted in `parked`,
+    /// until the loop reaches one whose read is done.
+    fn admit_waiting_vllm(
+        &mut self,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        let mut budget = self.budget_left();
+        let slots = self.cfg.max_num_seqs as usize;
+        let mut h = 0;
+        while budget > 0 {
+            // The slot check comes before the queues are looked at: with
+            // every slot taken nothing is promoted, nor parked.
+            if self.running.len() >= slots {
+                return;
+            }
+            if h < self.ready.len() {
+                let id = self.ready[h];
+                let r = reqs.req(id);
+                if r.status != Status::Ready {
+                    // Its read is not done (or not yet reported): skipped,
+                    // keeping its place (`skip_request`, then
+                    // `prepend_requests` at the end of the loop).
+                    h += 1;
+                    continue;
+                }
+                // `_handle_blocked_waiting_request` → `_update_waiting_for_remote_kv`
+                // caches the blocks up to the whole prompt and leaves the last
+                // prompt token to recompute; the admission that follows always
+                // succeeds (every block is allocated) and takes one token.
+                self.ready.remove(h);
+                self.parked -= 1;
+                cache_full_blocks(kv, r, r.prompt);
+                r.computed = r.prompt - 1;
+                self.start_running(id, r, 1);
+                budget -= 1;
+                continue;
+            }
+            if self.waiting.is_empty() || !self.admit_next_waiting(&mut budget, kv, reqs, log) {
+                return;
+            }
+        }
+    }
+
+    /// Admits the request at the head of `waiting` (a slot is free and budget
+    /// left): room for all its known tokens beyond its prefix hit, or it and
+    /// everyone behind it wait (head-of-line); then it is parked (remote,
+    /// read pending), or computes its last prompt token (store-and-forward),
+    /// or its first chunk. Returns false when it did not fit.
+    ///
+    /// vLLM 0.33 (`allocate_slots(full_sequence_must_fit=True)`) checks the
+    /// same room; for a request it parks it also keeps
+    /// `_inflight_prefill_reserved_blocks()` free, which is always 0 here: a
+    /// request still prefilling after this step took the whole budget, and
+    /// then no request is parked in this step (docs/fidelity.md).
+    fn admit_next_waiting(
+        &mut self,
+        budget: &mut u32,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) -> bool {
+        let bs = kv.block_size();
+        let id = self.waiting[0];
+        let r = reqs.req(id);
+        let known = r.known_tokens();
+        let hit_blocks = kv.cached_prefix_blocks(r.stream, reusable(known, bs) / bs);
+        let new_blocks = kv.blocks_for(known) - hit_blocks;
+        // Whole-prompt reservation (scheduler_reserve_full_isl): room for
+        // all known tokens beyond the hit, or nobody behind it is admitted.
+        if !kv.can_allocate_after_hit(r.stream, hit_blocks, new_blocks) {
+            return false;
+        }
+        self.waiting.pop_front();
+        kv.touch_prefix(r.stream, hit_blocks, &mut r.blocks);
+        r.cached_blocks = hit_blocks;
+        let hit = hit_blocks * bs;
+        if r.prefix_hit.is_none() {
+            r.prefix_hit = Some(hit);
+        }
+        match r.kv_source {
+            KvSource::RemotePending => {
+                // Park: whole prompt allocated, no slot, no budget (vLLM:
+                // WAITING_FOR_REMOTE_KVS, nothing cached until the read is
+                // done, `delay_cache_blocks`).
+                kv.allocate(new_blocks, &mut r.blocks);
+                r.computed = hit;
+                r.remote_tokens = r.prompt - hit;
+                r.status = Status::Parked;
+                self.parked += 1;
+                if self.semantics == EngineSemantics::Vllm033 {
+                    self.ready.push_back(id);
+                }
+                log.parked.push(id);
+            }
+            KvSource::Delivered => {
+                // Store-and-forward: the KV comes with the request; only
+                // the last prompt token is computed here.
+                kv.allocate(new_blocks, &mut r.blocks);
+                r.kv_source = KvSource::RemoteArrived;
+                r.computed = known - 1;
+                cache_full_blocks(kv, r, known);
+                self.start_running(id, r, 1);
+                *budget -= 1;
+            }
+            _ => {
+                let chunk = (known - hit).min(*budget);
+                let need = kv.blocks_for(hit + chunk) - hit_blocks;
+                let ok = kv.allocate(need, &mut r.blocks);
+                debug_assert!(ok, "reserved above");
+                r.computed = hit;
+                cache_full_blocks(kv, r, hit + chunk);
+                self.start_running(id, r, chunk);
+                *budget -= chunk;
+            }
+        }
+        true
+    }
+
+    /// Applies the step in progress at its end: tokens computed, tokens
+    /// sampled, legs finished. Finished decode legs free their blocks; a
+    /// finished prefill leg keeps them (its lease).
+    pub fn finish_step(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut StepLog,
+    ) {
+        self.busy_until = None;
+        self.dirty = true;
+        let repeat = self.repeat;
+        self.steps += repeat as u64;
+        self.repeat = 1;
+        let mut any_finished = false;
+        for &(id, n) in &self.step {
+            let r = reqs.req(id);
+            self.backlog -= uncomputed_prompt(r);
+            if repeat > 1 {
+                // A run of decode steps: one token computed and one sampled
+                // per step; none finished before the last (see repeatable).
+                // Blocks filled during the run are cached as the steps'
+                // formations would have cached them.
+                r.computed += repeat - 1;
+                r.generated += repeat - 1;
+                cache_full_blocks(kv, r, r.computed + n);
+            }
+            r.computed += n;
+            self.backlog += uncomputed_prompt(r);
+            if r.computed < r.known_tokens() {
+                continue; // a prefill chunk that did not complete the prompt
+            }
+            r.generated += 1;
+            if r.generated == 1 {
+                log.first_tokens.push(id);
+                if r.leg == Leg::Decode {
+                    r.first_token_at = Some(now);
+                }
+            }
+            if r.generated >= r.max_tokens() {
+                any_finished = true;
+                log.finished.push(id);
+                match r.leg {
+                    Leg::Prefill => r.status = Status::PrefillDone,
+                    Leg::Decode => {
+                        r.status = Status::Finished;
+                        r.finished_at = Some(now);
+                        kv.free(&r.blocks);
+                        r.blocks.clear();
+                    }
+                }
+            }
+        }
+        if any_finished {
+            // (Finished requests computed their whole prompt: no backlog.)
+            self.running
+                .retain(|&id| reqs.req(id).status == Status::Running);
+        }
+        debug_assert_eq!(self.backlog, self.counted_backlog(reqs));
+        if self.semantics == EngineSemantics::Vllm033 {
+            self.deliver_transfers(kv, reqs);
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The engines' systems in the tick: apply the steps that end now
+//! (`StepEnd`), form the next step of every idle engine with new work
+//! (`StepStart`).
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::record::{StepRecord, StepRecorder};
+use crate::engine::request::{Leg, Request, RequestStore};
+use crate::engine::{Engine, KvPool, StepLog};
+use crate::shared::{Agenda, Clock, EngineIndex, Event, Finished, Handoffs, Parked, TickEvents};
+
+/// Scratch log shared by the step systems.
+#[derive(Resource, Default, Debug)]
+pub struct StepScratch {
+    pub log: StepLog,
+}
+
+/// System: apply steps that end now. Answered prefill legs go to the
+/// sidecar ([`Handoffs`]), finished requests to their retirement
+/// ([`Finished`]).
+pub fn step_end_system(
+    clock: Res<Clock>,
+    events: Res<TickEvents>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
+    mut reqs: Query<&mut Request>,
+    mut scratch: ResMut<StepScratch>,
+    mut handoffs: ResMut<Handoffs>,
+    mut finished: ResMut<Finished>,
+) {
+    let now = clock.now;
+    for &(e, generation) in &events.step_ends {
+        let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
+        if engine.generation != generation {
+            continue; // a run of repeated steps was cut short: booked anew
+        }
+        let log = &mut scratch.log;
+        log.clear();
+        engine.finish_step(now, &mut kv.0, &mut reqs, log);
+        for &id in &log.finished {
+            match reqs.req(id).leg {
+                Leg::Prefill => handoffs.queue.push(id),
+                Leg::Decode => finished.queue.push(id),
+            }
+        }
+    }
+}
+
+/// System: every idle engine with new work forms its next step.
+#[allow(clippy::too_many_arguments)]
+pub fn step_start_system(
+    clock: Res<Clock>,
+    index: Res<EngineIndex>,
+    mut engines: Query<(Entity, &mut Engine, &mut KvPool)>,
+    mut reqs: Query<&mut Request>,
+    mut scratch: ResMut<StepScratch>,
+    mut agenda: ResMut<Agenda>,
+    mut parked: ResMut<Parked>,
+    mut recorder: Option<ResMut<StepRecorder>>,
+) {
+    let now = clock.now;
+    for &e in index.prefill.iter().chain(&index.decode) {
+        let (_, mut engine, mut kv) = engines.get_mut(e).expect("engine");
+        if !engine.dirty {
+            continue;
+        }
+        let log = &mut scratch.log;
+        log.clear();
+        if !engine.is_idle() {
+            // Something reached an engine running repeated decode steps:
+            // cut the run at the first step boundary at or after now.
+            match engine.cut_run(now) {
+                Some(end) if end > now => {
+                    let generation = engine.generation;
+                    agenda.schedule(end, Event::StepEnd(e, generation));
+                    continue;
+                }
+                Some(_) => {
+                    // The boundary is now: end the run here and form the next
+                    // step at once, as the step-by-step tick would.
+                    engine.finish_step(now, &mut kv.0, &mut reqs, log);
+                    debug_assert!(log.finished.is_empty() && log.first_tokens.is_empty());
+                    log.clear();
+                }
+                None => continue,
+            }
+        }
+        let end = engine.start_step(now, &mut kv.0, &mut reqs, log);
+        parked.queue.extend_from_slice(&log.parked);
+        if end.is_none()
+            && let Some(rec) = recorder.as_deref_mut()
+        {
+            for &id in &log.preempted {
+                rec.pending_preempted.push((e, reqs.req(id).id));
+            }
+        }
+        if let Some(end) = end {
+            let generation = engine.generation;
+            agenda.schedule(end, Event::StepEnd(e, generation));
+            if let Some(rec) = recorder.as_deref_mut() {
+                let scheduled = engine
+                    .step
+                    .iter()
+                    .map(|&(id, n)| (reqs.req(id).id, n))
+                    .collect();
+                let mut preempted: Vec<u64> = Vec::new();
+                rec.pending_preempted.retain(|&(engine, id)| {
+                    if engine == e {
+                        preempted.push(id);
+                    }
+                    engine != e
+                });
+                preempted.extend(log.preempted.iter().map(|&id| reqs.req(id).id));
+                rec.steps.push(StepRecord {
+                    engine: e,
+                    start: now,
+                    end,
+                    scheduled,
+                    preempted,
+                    kv_blocks_held: kv.0.num_held(),
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Gauges (MODEL.md §9): time averages over [warm-up, horizon] of the
+//! engines' state, sampled at every instant by the `Observe` system.
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::{Engine, KvPool};
+use crate::shared::{Clock, EngineIndex};
+
+/// Gauge names, as in MODEL.md §9.
+pub const GAUGES: [&str; 6] = [
+    "running_spread",
+    "load_spread",
+    "kv_usage_max",
+    "kv_usage_mean",
+    "prefill_kv_held",
+    "prefill_queue",
+];
+
+/// Time integrals of the gauges over [warm-up, horizon]. Each tick's state
+/// holds until the next tick, so the value sampled at the end of a tick is
+/// integrated over the interval that follows it.
+#[derive(Resource, Debug)]
+pub struct Gauges {
+    pub warmup: f64,
+    pub horizon: f64,
+    last_time: f64,
+    current: [f64; 6],
+    integral: [f64; 6],
+}
+
+impl Gauges {
+    pub fn new(warmup: f64, horizon: f64) -> Gauges {
+        Gauges {
+            warmup,
+            horizon,
+            last_time: 0.0,
+            current: [0.0; 6],
+            integral: [0.0; 6],
+        }
+    }
+
+    /// Integrates the values held since the last sample up to `now`, then
+    /// takes `values` as the state from `now` on.
+    pub fn sample(&mut self, now: f64, values: [f64; 6]) {
+        self.advance(now);
+        self.current = values;
+    }
+
+    pub fn advance(&mut self, now: f64) {
+        let from = self.last_time.max(self.warmup);
+        let to = now.min(self.horizon);
+        if to > from {
+            for (acc, v) in self.integral.iter_mut().zip(self.current) {
+                *acc += v * (to - from);
+            }
+        }
+        self.last_time = now;
+    }
+
+    /// Time averages over [warm-up, horizon] (call after advancing to the horizon).
+    pub fn averages(&self) -> [f64; 6] {
+        let span = self.horizon - self.warmup;
+        self.integral.map(|x| x / span)
+    }
+}
+
+/// System: integrate the gauges of MODEL.md §9.
+pub fn observe_system(
+    clock: Res<Clock>,
+    index: Res<EngineIndex>,
+    engines: Query<(&Engine, &KvPool)>,
+    mut gauges: ResMut<Gauges>,
+) {
+    let (mut run_min, mut run_max) = (u32::MAX, 0u32);
+    let (mut load_min, mut load_max) = (u32::MAX, 0u32);
+    let (mut usage_max, mut usage_sum) = (0.0f64, 0.0f64);
+    for &e in &index.decode {
+        let (eng, kv) = engines.get(e).expect("decoder");
+        let running = eng.running.len() as u32;
+        let active = eng.active();
+        run_min = run_min.min(running);
+        run_max = run_max.max(running);
+        load_min = load_min.min(active);
+        load_max = load_max.max(active);
+        let usage = kv.0.num_held() as f64 / kv.0.num_blocks() as f64;
+        usage_max = usage_max.max(usage);
+        usage_sum += usage;
+    }
+    let (mut held, mut queue) = (0.0f64, 0.0f64);
+    for &e in &index.prefill {
+        let (eng, kv) = engines.get(e).expect("prefiller");
+        held += (kv.0.num_held() * kv.0.block_size()) as f64;
+        queue += eng.waiting.len() as f64;
+    }
+    let nd = index.decode.len().max(1) as f64;
+    let np = index.prefill.len().max(1) as f64;
+    gauges.sample(
+        clock.now,
+        [
+            (run_max - run_min) as f64,
+            (load_max - load_min) as f64,
+            usage_max,
+            usage_sum / nd,
+            held / np,
+            queue / np,
+        ],
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gauges_average_over_warmup_to_horizon_only() {
+        // Value 2 on [0, 10), 4 on [10, 30), 0 after; window [5, 25]:
+        // (2 × 5 + 4 × 15) / 20 = 3.5.
+        let mut g = Gauges::new(5.0, 25.0);
+        g.sample(0.0, [2.0; 6]);
+        g.sample(10.0, [4.0; 6]);
+        g.sample(30.0, [0.0; 6]);
+        assert_eq!(g.averages()[0], 3.5);
+    }
+}

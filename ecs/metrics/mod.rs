@@ -1,0 +1,18 @@
+//! What a run reports (MODEL.md §9): per-request observations, time-averaged
+//! gauges, the report (text and JSON) and figures.
+//!
+//! | file | what |
+//! |---|---|
+//! | [`observations`] | per-request observations per phase; count, mean, percentiles |
+//! | [`gauges`] | time averages of the engines' state; the `Observe` system |
+//! | [`report`] | the report of a run, printed and as JSON; atomic writes |
+//! | [`figures`] | SVG figures: CDFs from log histograms, time series |
+
+pub mod figures;
+pub mod gauges;
+pub mod observations;
+pub mod report;
+
+pub use gauges::{GAUGES, Gauges};
+pub use observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
+pub use report::{Report, write_atomic};

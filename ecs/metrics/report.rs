@@ -1,0 +1,208 @@
+//! The report of a run: printed for people, and as JSON (`--json`) with the
+//! same numbers. The JSON holds only what the scenario and seed determine
+//! (no wall time), so two runs give byte-identical files.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::metrics::gauges::{GAUGES, Gauges};
+use crate::metrics::observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
+use crate::router::Router;
+use crate::shared::{Clock, CurrentScenario};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PhaseReport {
+    /// When the phase started (0 for the first).
+    pub start: f64,
+    pub observations: BTreeMap<String, Summary>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub horizon: f64,
+    pub warmup: f64,
+    pub observations: BTreeMap<String, Summary>,
+    pub gauges: BTreeMap<String, f64>,
+    /// Per hot-swap phase, when the scenario has phases.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseReport>,
+    /// Ticks and engine steps simulated.
+    pub ticks: u64,
+    pub steps: u64,
+    /// Wall-clock seconds (not in the JSON: it differs run to run).
+    #[serde(skip)]
+    pub wall_seconds: f64,
+    /// Requests routed and the wall seconds the router spent on them.
+    #[serde(skip)]
+    pub routing_decisions: u64,
+    #[serde(skip)]
+    pub routing_seconds: f64,
+}
+
+fn summaries(obs: &PhaseObservations) -> BTreeMap<String, Summary> {
+    OBSERVATIONS
+        .iter()
+        .zip(&obs.values)
+        .map(|(n, v)| (n.to_string(), Summary::of(v)))
+        .collect()
+}
+
+impl Report {
+    /// The report of the run `world` holds (after its last tick).
+    pub fn collect(world: &mut World, wall_seconds: f64) -> Report {
+        let raw = &world.resource::<CurrentScenario>().0;
+        let (scenario, seed, warmup, horizon) =
+            (raw.name.clone(), raw.seed, raw.warmup, raw.horizon);
+        let phase_starts: Vec<f64> = std::iter::once(0.0)
+            .chain(raw.phases.iter().map(|p| p.at))
+            .collect();
+        let metrics = world.resource::<Metrics>();
+        let observations = summaries(&metrics.overall());
+        let phases = if metrics.phases.len() > 1 {
+            metrics
+                .phases
+                .iter()
+                .zip(phase_starts)
+                .map(|(p, start)| PhaseReport {
+                    start,
+                    observations: summaries(p),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let averages = world.resource::<Gauges>().averages();
+        let gauges = GAUGES
+            .iter()
+            .zip(averages)
+            .map(|(n, v)| (n.to_string(), v))
+            .collect();
+        let ticks = world.resource::<Clock>().ticks;
+        let steps = world.query::<&Engine>().iter(world).map(|e| e.steps).sum();
+        let router = world.non_send::<Router>();
+        let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
+        Report {
+            scenario,
+            seed,
+            horizon,
+            warmup,
+            observations,
+            gauges,
+            phases,
+            ticks,
+            steps,
+            wall_seconds,
+            routing_decisions,
+            routing_seconds,
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("a report serializes");
+        s.push('\n');
+        s
+    }
+
+    /// The mean of an observation (None when nothing was observed).
+    pub fn mean(&self, name: &str) -> Option<f64> {
+        self.observations.get(name).and_then(|s| s.mean)
+    }
+
+    /// The readable report.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "pdsim: {} (seed {}), horizon {} s, warm-up {} s",
+            self.scenario, self.seed, self.horizon, self.warmup
+        );
+        write_table(&mut out, &self.observations);
+        for (i, p) in self.phases.iter().enumerate() {
+            let _ = writeln!(out, "\nphase {} (from t = {} s)", i + 1, p.start);
+            write_table(&mut out, &p.observations);
+        }
+        let _ = writeln!(out, "\ngauges (time averages over [warm-up, horizon])");
+        for (name, v) in &self.gauges {
+            let _ = writeln!(out, "  {name:<18}{v:>12.4}");
+        }
+        let frac = |n: &str| {
+            self.mean(n)
+                .map(|m| format!("{m:.4}"))
+                .unwrap_or_else(|| "-".into())
+        };
+        let _ = writeln!(
+            out,
+            "\nremote fraction {}   too-long fraction {}",
+            frac("remote"),
+            frac("too_long")
+        );
+        let simulated = self.horizon;
+        let speed = if self.wall_seconds > 0.0 {
+            simulated / self.wall_seconds
+        } else {
+            f64::INFINITY
+        };
+        let _ = writeln!(
+            out,
+            "wall {:.3} s, {:.0} simulated s per wall s ({} ticks, {} engine steps; routing {:.1}% of wall)",
+            self.wall_seconds,
+            speed,
+            self.ticks,
+            self.steps,
+            self.routing_seconds / self.wall_seconds.max(1e-12) * 100.0
+        );
+        out
+    }
+}
+
+fn write_table(out: &mut String, obs: &BTreeMap<String, Summary>) {
+    let _ = writeln!(
+        out,
+        "{:<14}{:>9}{:>12}{:>12}{:>12}{:>12}",
+        "observation", "count", "mean", "p50", "p90", "p99"
+    );
+    let f = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into());
+    for name in OBSERVATIONS {
+        let s = &obs[name];
+        let _ = writeln!(
+            out,
+            "{name:<14}{:>9}{:>12}{:>12}{:>12}{:>12}",
+            s.count,
+            f(s.mean),
+            f(s.p50),
+            f(s.p90),
+            f(s.p99)
+        );
+    }
+}
+
+/// Writes a file atomically: to a temporary file beside it, then renamed,
+/// so a reader never sees half a file and an interrupted run loses nothing.
+pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::new(format!("cannot create {}: {e}", dir.display())))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::new(format!("{} is not a file path", path.display())))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, contents)
+        .map_err(|e| Error::new(format!("cannot write {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path)
+        .map_err(|e| Error::new(format!("cannot write {}: {e}", path.display())))
+}

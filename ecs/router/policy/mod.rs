@@ -1,0 +1,346 @@
+//! Routing policies as rhai scripts: one sandboxed rhai engine; each plugin
+//! (decider, filter, scorer, picker) a compiled script with its own
+//! parameters and state. Hooks (docs/policies.md):
+//!
+//! | plugin  | hook                                   | returns                           |
+//! |---------|----------------------------------------|-----------------------------------|
+//! | decider | `fn decide(req, pod)`                  | bool: prefill remotely?           |
+//! | filter  | `fn filter(req, pods)`                 | array: the pods kept              |
+//! | scorer  | `fn score(req, pod)`                   | number, documented in [0, 1]      |
+//! |         | or `fn score_all(req, pods)`           | array: one number per pod         |
+//! | picker  | `fn pick(req, pods, scores)`           | int: an index into `pods`         |
+//!
+//! Scripts are compiled once; their top level runs once (at load) and hooks
+//! are called without re-running it. Every hook sees `params` (the plugin's
+//! parameters from the scenario, a constant folded into the hooks at load)
+//! and `state` (a map the plugin may keep between calls, e.g. a round-robin
+//! counter, resolved per call from the plugin's runtime), so one file can
+//! serve several plugins. Modules in `lib/` are available to every script
+//! by file name (`lib/pd.rhai` → `pd::f(x)`).
+//!
+//! | file | what |
+//! |---|---|
+//! | [`sandbox`] | the one rhai engine: limits, native functions, `lib/` modules |
+//! | [`views`] | what a script sees of the request and of each pod |
+//! | [`plugin`] | one plugin: its script compiled, its hook, `params`, `state` |
+//! | [`checks`] | what is refused at load, and how script errors read |
+
+use rhai::{Array, Dynamic, Engine};
+use std::path::Path;
+
+use crate::engine::Role;
+use crate::error::Result;
+use crate::scenario;
+
+pub mod checks;
+pub mod plugin;
+pub mod sandbox;
+pub mod views;
+
+pub use plugin::{Hook, Plugin};
+pub use sandbox::MAX_OPERATIONS;
+pub use views::{PodView, ReqView};
+
+use plugin::refill;
+use sandbox::{new_engine, number};
+
+/// The scheduling profile of one role: filters → weighted scorers → picker.
+pub struct Profile {
+    pub filters: Vec<Plugin>,
+    pub scorers: Vec<Plugin>,
+    pub picker: Plugin,
+}
+
+/// The router's policies, compiled.
+pub struct Policies {
+    engine: Engine,
+    pub decider: Plugin,
+    pub decode: Profile,
+    pub prefill: Profile,
+    /// Scratch, reused across requests.
+    scores: Vec<f64>,
+    candidates: Vec<usize>,
+    kept: Vec<usize>,
+    pod_args: Vec<Dynamic>,
+    req_arg: Option<(ReqView, Dynamic)>,
+    /// Whether a value given to a script can outlive its call (only through
+    /// a plugin's `state`). When none can, the request's and the pods'
+    /// script values are refilled in place for the next decision rather
+    /// than allocated anew.
+    values_escape: bool,
+}
+
+impl Profile {
+    fn load(engine: &Engine, p: &scenario::Profile) -> Result<Profile> {
+        Ok(Profile {
+            filters: p
+                .filters
+                .iter()
+                .map(|f| Plugin::load(engine, &f.script, Hook::Filter, &f.params, 1.0))
+                .collect::<Result<_>>()?,
+            scorers: p
+                .scorers
+                .iter()
+                .map(|s| Plugin::load(engine, &s.script, Hook::Score, &s.params, s.weight))
+                .collect::<Result<_>>()?,
+            picker: Plugin::load(engine, &p.picker.script, Hook::Pick, &p.picker.params, 1.0)?,
+        })
+    }
+}
+
+impl Policies {
+    /// Compiles every script the router section names (plugin references
+    /// already expanded, see `scenario::expand_plugins`), with the modules of
+    /// `lib` available to them.
+    pub fn load(router: &scenario::Router, seed: u64, lib: Option<&Path>) -> Result<Policies> {
+        let engine = new_engine(seed, lib)?;
+        let mut policies = Policies {
+            decider: Plugin::load(
+                &engine,
+                &router.decider.script,
+                Hook::Decide,
+                &router.decider.params,
+                1.0,
+            )?,
+            decode: Profile::load(&engine, &router.decode)?,
+            prefill: Profile::load(&engine, &router.prefill)?,
+            engine,
+            scores: Vec::new(),
+            candidates: Vec::new(),
+            kept: Vec::new(),
+            pod_args: Vec::new(),
+            req_arg: None,
+            values_escape: true,
+        };
+        policies.values_escape = policies.any_keeps_state();
+        Ok(policies)
+    }
+
+    fn any_keeps_state(&self) -> bool {
+        let profile = |p: &Profile| {
+            p.filters.iter().chain(&p.scorers).any(|f| f.uses_state) || p.picker.uses_state
+        };
+        self.decider.uses_state || profile(&self.decode) || profile(&self.prefill)
+    }
+
+    /// Hot swap: recompiles the router's plugins from a new configuration,
+    /// keeping the engine (and its seeded random stream). Plugins restart
+    /// with empty state.
+    pub fn reload(&mut self, router: &scenario::Router) -> Result<()> {
+        self.decider = Plugin::load(
+            &self.engine,
+            &router.decider.script,
+            Hook::Decide,
+            &router.decider.params,
+            1.0,
+        )?;
+        self.decode = Profile::load(&self.engine, &router.decode)?;
+        self.prefill = Profile::load(&self.engine, &router.prefill)?;
+        self.values_escape = self.any_keeps_state();
+        self.pod_args.clear();
+        self.req_arg = None;
+        Ok(())
+    }
+
+    /// The request as a script value, made once per decision: the decode
+    /// profile, the decider and the prefill profile share it.
+    fn req_arg(&mut self, req: &ReqView) -> Dynamic {
+        match &mut self.req_arg {
+            Some((view, arg)) if view == req => arg.clone(),
+            Some((view, arg)) if !self.values_escape => {
+                refill(arg, req);
+                *view = req.clone();
+                arg.clone()
+            }
+            _ => {
+                let arg = Dynamic::from(req.clone()).into_shared();
+                self.req_arg = Some((req.clone(), arg.clone()));
+                arg
+            }
+        }
+    }
+
+    /// The decider's verdict: prefill remotely?
+    pub fn decide(&mut self, req: &ReqView, pod: &PodView) -> Result<bool> {
+        let req_arg = self.req_arg(req);
+        let d = &self.decider;
+        let out = d.call(&self.engine, (req_arg, pod.clone()), req)?;
+        out.as_bool().map_err(|t| {
+            d.error(
+                &format!("`decide` must return a bool, it returned {t}"),
+                None,
+                req,
+            )
+        })
+    }
+
+    /// Runs a profile over `pods`; returns the position in `pods` of the pick.
+    pub fn choose(&mut self, role: Role, req: &ReqView, pods: &[PodView]) -> Result<usize> {
+        let req_arg = self.req_arg(req);
+        let profile = match role {
+            Role::Decode => &self.decode,
+            Role::Prefill => &self.prefill,
+        };
+        // Each pod is one shared script value that the calls share, refilled
+        // in place when no value can escape (see `values_escape`).
+        if self.values_escape {
+            self.pod_args.clear();
+        }
+        self.pod_args.truncate(pods.len());
+        for (i, p) in pods.iter().enumerate() {
+            match self.pod_args.get_mut(i) {
+                Some(arg) => refill(arg, p),
+                None => self.pod_args.push(Dynamic::from(p.clone()).into_shared()),
+            }
+        }
+        let candidates = &mut self.candidates;
+        candidates.clear();
+        candidates.extend(0..pods.len());
+        let array_of = |c: &[usize], args: &[Dynamic]| -> Array {
+            c.iter().map(|&i| args[i].clone()).collect()
+        };
+
+        // Filters: each keeps a subset; keeping nobody is an error (a request
+        // must go somewhere: llm-d's filters fall back to all themselves).
+        for f in &profile.filters {
+            let out = f.call(
+                &self.engine,
+                (req_arg.clone(), array_of(candidates, &self.pod_args)),
+                req,
+            )?;
+            let kept = out
+                .try_cast::<Array>()
+                .ok_or_else(|| f.error("`filter` must return an array of pods", None, req))?;
+            let next = &mut self.kept;
+            next.clear();
+            for k in kept {
+                let index = k.read_lock::<PodView>().map(|p| p.index).ok_or_else(|| {
+                    f.error(
+                        "`filter` must return pods (items of its `pods` argument)",
+                        None,
+                        req,
+                    )
+                })?;
+                let pos = candidates
+                    .iter()
+                    .copied()
+                    .find(|&i| pods[i].index == index)
+                    .ok_or_else(|| {
+                        f.error(
+                            &format!("`filter` returned pod {index}, which was not a candidate"),
+                            None,
+                            req,
+                        )
+                    })?;
+                if !next.contains(&pos) {
+                    next.push(pos);
+                }
+            }
+            if next.is_empty() {
+                return Err(f.error(
+                    "`filter` kept no pod; a filter must keep at least one",
+                    None,
+                    req,
+                ));
+            }
+            next.sort_unstable();
+            std::mem::swap(candidates, next);
+        }
+
+        // Weighted sum of the scorers' scores.
+        self.scores.clear();
+        self.scores.resize(candidates.len(), 0.0);
+        for s in &profile.scorers {
+            let add = |k: usize, out: &Dynamic, scores: &mut Vec<f64>| -> Result<()> {
+                let v = number(out).ok_or_else(|| {
+                    s.error(
+                        &format!(
+                            "`{}` must return numbers, it returned {}",
+                            s.hook.name(),
+                            out.type_name()
+                        ),
+                        None,
+                        req,
+                    )
+                })?;
+                if !v.is_finite() {
+                    let pod = pods[candidates[k]].index;
+                    return Err(s.error(
+                        &format!(
+                            "`{}` returned {v} for pod {pod}; scores must be finite",
+                            s.hook.name()
+                        ),
+                        None,
+                        req,
+                    ));
+                }
+                scores[k] += s.weight * v;
+                Ok(())
+            };
+            if s.hook == Hook::ScoreAll {
+                let out = s.call(
+                    &self.engine,
+                    (req_arg.clone(), array_of(candidates, &self.pod_args)),
+                    req,
+                )?;
+                let arr = out.try_cast::<Array>().ok_or_else(|| {
+                    s.error(
+                        "`score_all` must return an array with one number per pod",
+                        None,
+                        req,
+                    )
+                })?;
+                if arr.len() != candidates.len() {
+                    return Err(s.error(
+                        &format!(
+                            "`score_all` returned {} scores for {} pods",
+                            arr.len(),
+                            candidates.len()
+                        ),
+                        None,
+                        req,
+                    ));
+                }
+                for (k, v) in arr.iter().enumerate() {
+                    add(k, v, &mut self.scores)?;
+                }
+            } else {
+                for (k, &pod) in candidates.iter().enumerate() {
+                    let args = (req_arg.clone(), self.pod_args[pod].clone());
+                    let out = s.call(&self.engine, args, req)?;
+                    add(k, &out, &mut self.scores)?;
+                }
+            }
+        }
+
+        let scores: Array = self
+            .scores
+            .iter()
+            .map(|&v| Dynamic::from_float(v))
+            .collect();
+        let p = &profile.picker;
+        let out = p.call(
+            &self.engine,
+            (req_arg, array_of(candidates, &self.pod_args), scores),
+            req,
+        )?;
+        let idx = out.as_int().map_err(|t| {
+            p.error(
+                &format!("`pick` must return an int index, it returned {t}"),
+                None,
+                req,
+            )
+        })?;
+        if idx < 0 || idx as usize >= candidates.len() {
+            return Err(p.error(
+                &format!(
+                    "`pick` returned index {idx}, but there are {} candidates",
+                    candidates.len()
+                ),
+                None,
+                req,
+            ));
+        }
+        Ok(candidates[idx as usize])
+    }
+}

@@ -1,0 +1,338 @@
+//! One plugin: a script compiled once, the hook it provides, its
+//! parameters (a constant folded into the hook) and its `state`; and the
+//! call of its hook, which skips rhai's function-call machinery.
+
+use rhai::{AST, Dynamic, Engine, ImmutableString, Map, Scope};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::router::policy::ReqView;
+use crate::router::policy::checks::{check_params_use, describe, error_line, mentions_variable};
+use crate::scenario::ParamValue;
+
+/// Which hook a plugin provides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Decide,
+    Filter,
+    Score,
+    /// A scorer that scores all candidates in one call (to normalise over them).
+    ScoreAll,
+    Pick,
+}
+
+impl Hook {
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Decide => "decide",
+            Hook::Filter => "filter",
+            Hook::Score => "score",
+            Hook::ScoreAll => "score_all",
+            Hook::Pick => "pick",
+        }
+    }
+    fn arity(self) -> usize {
+        if self == Hook::Pick { 3 } else { 2 }
+    }
+    fn signature(self) -> &'static str {
+        match self {
+            Hook::Decide => "fn decide(req, pod) -> bool",
+            Hook::Filter => "fn filter(req, pods) -> array",
+            Hook::Score | Hook::ScoreAll => {
+                "fn score(req, pod) -> float, or fn score_all(req, pods) -> array"
+            }
+            Hook::Pick => "fn pick(req, pods, scores) -> int",
+        }
+    }
+    fn kind(self) -> &'static str {
+        match self {
+            Hook::Decide => "decider",
+            Hook::Filter => "filter",
+            Hook::Score | Hook::ScoreAll => "scorer",
+            Hook::Pick => "picker",
+        }
+    }
+}
+
+/// What `params` and `state` resolve to during a plugin's call (its tag).
+#[derive(Clone)]
+pub(crate) struct PluginEnv {
+    pub(crate) params: Dynamic,
+    pub(crate) state: Dynamic,
+}
+
+/// One configured plugin: a compiled script, its parameters and its state.
+pub struct Plugin {
+    pub path: String,
+    pub hook: Hook,
+    /// Line of the hook's definition (for errors found after it returned).
+    hook_line: Option<usize>,
+    runtime: RefCell<Runtime>,
+    pub weight: f64,
+    /// Whether the script reads or writes `state` (the only way a value it
+    /// is given can outlive its call).
+    pub(crate) uses_state: bool,
+}
+
+/// A plugin's rhai runtime, kept from call to call: its functions and tag
+/// (`params`, `state`) installed once, and its function-resolution cache
+/// warm. (`Engine::call_fn` would build both afresh on every call, and
+/// resolving each getter and operator again was most of a hook's cost.)
+/// Sound because nothing a resolution depends on changes during a run: the
+/// engine is fixed after load, and a hot swap builds new plugins.
+struct Runtime {
+    global: rhai::GlobalRuntimeState,
+    caches: rhai::Caches,
+    /// The hook's arguments (its first variables, set per call) and then
+    /// its local variables (dropped after each call).
+    scope: Scope<'static>,
+    /// The hook's body as top-level statements (see `Plugin::load`).
+    body: AST,
+    arg_names: Vec<ImmutableString>,
+}
+
+/// Converts a scenario parameter into a rhai value (integers stay INT).
+fn to_dynamic(v: &ParamValue) -> Dynamic {
+    match v {
+        ParamValue::Int(i) => Dynamic::from_int(*i),
+        ParamValue::Float(f) => Dynamic::from_float(*f),
+        ParamValue::Bool(b) => Dynamic::from_bool(*b),
+        ParamValue::Str(s) => Dynamic::from(s.clone()),
+        ParamValue::List(l) => Dynamic::from_array(l.iter().map(to_dynamic).collect()),
+        ParamValue::Map(m) => Dynamic::from_map(map_of(m)),
+    }
+}
+
+pub(crate) fn map_of(params: &BTreeMap<String, ParamValue>) -> Map {
+    params
+        .iter()
+        .map(|(k, v)| (k.as_str().into(), to_dynamic(v)))
+        .collect()
+}
+
+/// `text` with every character outside the braces at `start` and `end`
+/// (rhai positions: 1-based line and column, in characters), braces
+/// included, turned into a space, newlines kept: the block's statements
+/// compile on their own, at the same lines and columns as in the file.
+fn only_between(text: &str, start: rhai::Position, end: rhai::Position) -> Option<String> {
+    let (l0, c0, l1, c1) = (
+        start.line()?,
+        start.position()?,
+        end.line()?,
+        end.position()?,
+    );
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let n = i + 1;
+        for (k, ch) in line.chars().enumerate() {
+            let col = k + 1;
+            let inside = (n, col) > (l0, c0) && (n, col) < (l1, c1);
+            out.push(if inside || ch == '\n' || ch == '\r' {
+                ch
+            } else {
+                ' '
+            });
+        }
+    }
+    Some(out)
+}
+
+/// The 1-based line where `fn NAME(` is defined in `text`.
+fn definition_line(text: &str, name: &str) -> Option<usize> {
+    let needle = format!("fn {name}(");
+    text.lines()
+        .position(|l| l.trim_start().starts_with(&needle))
+        .map(|i| i + 1)
+}
+
+impl Plugin {
+    pub(crate) fn load(
+        engine: &Engine,
+        path: &str,
+        kind: Hook,
+        params: &BTreeMap<String, ParamValue>,
+        weight: f64,
+    ) -> Result<Plugin> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
+        let compile = |scope: &Scope| {
+            let mut ast = engine.compile_with_scope(scope, &text).map_err(|e| {
+                let line =
+                    e.1.line()
+                        .map(|l| format!(", line {l}"))
+                        .unwrap_or_default();
+                Error::new(format!("script {path}{line}: syntax error: {}", e.0))
+            })?;
+            ast.set_source(path);
+            Ok::<_, Error>(ast)
+        };
+        // First compile: `params` and `state` declared as variables (for
+        // strict-variable checking), to run the top level once (constants,
+        // setup) and read its parameter defaults.
+        let mut scope = Scope::new();
+        scope.push("params", Map::new());
+        scope.push("state", Map::new());
+        let ast = compile(&scope)?;
+        engine.run_ast_with_scope(&mut scope, &ast).map_err(|e| {
+            Error::new(format!(
+                "script {path}, top level, line {}: {}",
+                error_line(&e).unwrap_or(0),
+                describe(&e)
+            ))
+        })?;
+        // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
+        // scenario's parameters override them.
+        let mut merged = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
+        merged.extend(map_of(params));
+        check_params_use(&ast, &merged, path)?;
+        // Second compile, for the hooks: `params` is now a constant, so the
+        // optimizer folds `params.x` into each hook (and a branch on it, like
+        // `if params.source == "router"`, into the branch taken): reading a
+        // parameter costs nothing per call. `state` stays per call (`on_var`).
+        let mut scope = Scope::new();
+        scope.push_constant("params", merged.clone());
+        scope.push("state", Map::new());
+        let mut ast = compile(&scope)?;
+        ast.clear_statements();
+        let find = |h: Hook| {
+            ast.iter_fn_def()
+                .find(|f| f.name == h.name() && f.params.len() == h.arity())
+                .map(|f| (h, f))
+        };
+        let found = match kind {
+            Hook::Score => find(Hook::Score).or_else(|| find(Hook::ScoreAll)),
+            h => find(h),
+        };
+        let Some((hook, hook_fn)) = found else {
+            return Err(Error::new(format!(
+                "script {path}: it is used as a {} plugin but defines no `{}`",
+                kind.kind(),
+                kind.signature()
+            )));
+        };
+        // The hook's body, compiled again on its own as top-level statements
+        // with the hook's parameters as scope variables: a call then only
+        // sets those variables and runs the statements, skipping rhai's
+        // function-call machinery (which allocates per argument).
+        let body_text = only_between(
+            &text,
+            hook_fn.body.start_position(),
+            hook_fn.body.end_position(),
+        )
+        .ok_or_else(|| {
+            Error::new(format!(
+                "script {path}: cannot locate the body of `{}`",
+                hook.name()
+            ))
+        })?;
+        let arg_names: Vec<ImmutableString> = hook_fn.params.iter().cloned().collect();
+        for name in &arg_names {
+            scope.push(name.clone(), ());
+        }
+        let mut body = engine.compile_with_scope(&scope, &body_text).map_err(|e| {
+            let line =
+                e.1.line()
+                    .map(|l| format!(", line {l}"))
+                    .unwrap_or_default();
+            Error::new(format!(
+                "script {path}{line}: hook `{}`: {}",
+                hook.name(),
+                e.0
+            ))
+        })?;
+        body.set_source(path);
+        let mut global = engine.new_global_runtime_state();
+        global.lib.push(ast.shared_lib().clone());
+        global.lib.push(body.shared_lib().clone()); // closures in the body
+        global.source = ast.source().map(Into::into);
+        global.tag = Dynamic::from(PluginEnv {
+            params: Dynamic::from_map(merged).into_shared(),
+            state: Dynamic::from_map(Map::new()).into_shared(),
+        });
+        let mut caches = rhai::Caches::new();
+        // A resolution layer that outlives each call, so what a call
+        // resolves stays resolved.
+        caches.push_fn_resolution_cache();
+        let mut scope = Scope::new();
+        for name in &arg_names {
+            scope.push(name.clone(), ());
+        }
+        let runtime = Runtime {
+            global,
+            caches,
+            scope,
+            body,
+            arg_names,
+        };
+        Ok(Plugin {
+            path: path.to_string(),
+            hook,
+            hook_line: definition_line(&text, hook.name()),
+            runtime: RefCell::new(runtime),
+            weight,
+            uses_state: mentions_variable(&ast, "state"),
+        })
+    }
+
+    pub(crate) fn call(
+        &self,
+        engine: &Engine,
+        args: impl rhai::FuncArgs,
+        req: &ReqView,
+    ) -> Result<Dynamic> {
+        let mut values = rhai::FnArgsVec::new();
+        args.parse(&mut values);
+        let mut runtime = self.runtime.borrow_mut();
+        let Runtime {
+            global,
+            caches,
+            scope,
+            body,
+            arg_names,
+        } = &mut *runtime;
+        for (name, value) in arg_names.iter().zip(values) {
+            *scope.get_mut(name).expect("hook argument in scope") = value;
+        }
+        // The operation limit is per call.
+        global.num_operations = Default::default();
+        // A panic inside rhai (an interpreter bug a strange script might
+        // reach) becomes this script's error rather than a crash.
+        #[allow(deprecated)] // rhai's internal entry point, kept under `internals`
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.eval_statements_raw(global, caches, scope, body.statements())
+        }));
+        scope.rewind(arg_names.len());
+        match out {
+            Ok(result) => result.map_err(|e| self.error(&describe(&e), error_line(&e), req)),
+            Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
+        }
+    }
+
+    /// An error naming the script, the hook, the line and the request. For
+    /// a wrong return value the line is the hook's definition.
+    pub fn error(&self, what: &str, line: Option<usize>, req: &ReqView) -> Error {
+        let line = line
+            .or(self.hook_line)
+            .map(|l| format!(", line {l}"))
+            .unwrap_or_default();
+        Error::new(format!(
+            "script {}, hook `{}`{line}: {what} (while routing request {} of session {}, turn {})",
+            self.path,
+            self.hook.name(),
+            req.id,
+            req.session,
+            req.turn
+        ))
+    }
+}
+
+/// Puts `value` into the shared script value `cell` (a new cell if it is
+/// borrowed, which nothing does between calls).
+pub(crate) fn refill<T: rhai::Variant + Clone>(cell: &mut Dynamic, value: &T) {
+    if let Some(mut inner) = cell.write_lock::<T>() {
+        *inner = value.clone();
+        return;
+    }
+    *cell = Dynamic::from(value.clone()).into_shared();
+}

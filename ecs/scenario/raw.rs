@@ -1,0 +1,307 @@
+//! The scenario as written: every section of a `.ron` file, parsed with
+//! unknown fields denied, so a typo is an error naming the file, line,
+//! column and field.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::scenario::ParamValue;
+
+/// The whole scenario, as written in a `.ron` file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScenario {
+    pub name: String,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Simulated seconds; requests finishing later are not counted.
+    #[serde(default = "default_horizon")]
+    pub horizon: f64,
+    /// Requests reaching the gateway earlier are not counted.
+    #[serde(default = "default_warmup")]
+    pub warmup: f64,
+    pub workload: Workload,
+    pub prefill: Pool,
+    pub decode: Pool,
+    pub transfer: Transfer,
+    pub router: Router,
+    /// Policy changes at given simulated times (hot swap); the report gives
+    /// observations per phase.
+    #[serde(default)]
+    pub phases: Vec<Phase>,
+    /// Whose scheduler semantics the engines follow: MODEL.md's (the
+    /// reference) or vLLM 0.33's where they differ on purpose
+    /// (docs/fidelity.md).
+    #[serde(default)]
+    pub engine_semantics: EngineSemantics,
+}
+
+/// The engines' scheduler semantics (docs/fidelity.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EngineSemantics {
+    /// MODEL.md as written.
+    #[default]
+    Reference,
+    /// vLLM 0.33.0's scheduler where it differs from MODEL.md: the null
+    /// block, unhashed blocks freed to the front of the free queue, duplicate
+    /// cached blocks, promotion of read requests in parking order when the
+    /// waiting loop reaches them, and news of finished transfers only with
+    /// the next `update_from_output`.
+    Vllm033,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+fn default_horizon() -> f64 {
+    2000.0
+}
+fn default_warmup() -> f64 {
+    200.0
+}
+
+/// The multi-turn session workload of MODEL.md §3.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Λ: sessions per second (Poisson).
+    pub session_rate: f64,
+    /// First turn's new prompt tokens: uniform over [min, max].
+    pub first_turn_tokens: (f64, f64),
+    /// Later turns' new prompt tokens: exponential with this mean.
+    pub later_turn_tokens_mean: f64,
+    /// Output tokens: exponential with this mean, plus one.
+    pub output_tokens_mean: f64,
+    /// p: probability that a session continues after a turn.
+    pub continue_probability: f64,
+    /// Z: mean tool-call time between turns, seconds (exponential).
+    pub tool_time_mean: f64,
+}
+
+/// One role's instances (all prefillers, or all decoders).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pool {
+    pub count: u32,
+    pub engine: EngineConfig,
+    pub cost: StepCost,
+    pub nic: Nic,
+}
+
+/// vLLM engine arguments that matter to the scheduler.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    pub max_num_batched_tokens: u32,
+    pub max_num_seqs: u32,
+    pub num_gpu_blocks: u32,
+    pub block_size: u32,
+    pub max_model_len: u32,
+}
+
+/// Step cost `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepCost {
+    pub c0: f64,
+    pub a: f64,
+    pub omega: f64,
+    pub beta: f64,
+}
+
+/// NIC capacity: in tokens/s, or in bytes/s with the KV bytes per token.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nic {
+    #[serde(default)]
+    pub tokens_per_s: Option<f64>,
+    #[serde(default)]
+    pub bytes_per_s: Option<f64>,
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TransferMode {
+    /// The decoder READs the prefiller's blocks; the prefiller holds them
+    /// leased until the read completes (MODEL.md §6–§8).
+    NixlPull,
+    /// The prefiller copies its KV out, releases it, and only then does the
+    /// request queue for the decoder (MODEL.md §11).
+    StoreAndForward,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Transfer {
+    #[serde(default = "default_mode")]
+    pub mode: TransferMode,
+    /// x0: fixed latency before a read's flow starts, seconds.
+    pub latency: f64,
+    #[serde(default = "default_sharing")]
+    pub sharing: SharingModel,
+}
+
+fn default_mode() -> TransferMode {
+    TransferMode::NixlPull
+}
+fn default_sharing() -> SharingModel {
+    SharingModel::MaxMin
+}
+
+/// How concurrent flows divide the NICs (MODEL.md §8; computed in
+/// [`crate::transfer::sharing`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SharingModel {
+    /// Max-min fair (progressive filling) over both links of every flow. The default.
+    #[default]
+    MaxMin,
+    /// Only the decoder's NIC (a flow's second link) is shared, max-min; the prefiller's NIC is ignored.
+    DecoderNicOnly,
+    /// Each link splits its capacity equally among its flows; a flow gets the minimum over its links; leftovers are not redistributed.
+    EqualSplit,
+}
+
+/// The llm-d router, shaped like an EPP configuration: named plugins with
+/// parameters, a decider, and two scheduling profiles whose entries name a
+/// plugin (`plugin: "..."`) or give a script directly (`script: "..."`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Router {
+    /// Named plugins the decider and profiles may refer to.
+    #[serde(default)]
+    pub plugins: BTreeMap<String, NamedPlugin>,
+    /// Blocks per pod in the router's approximate prefix index (llm-d's
+    /// approx-prefix-cache-producer); 0 turns it off.
+    #[serde(default)]
+    pub prefix_index_blocks: u32,
+    pub decider: Plugin,
+    pub decode: Profile,
+    pub prefill: Profile,
+}
+
+/// filters → weighted scorers → picker.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    #[serde(default)]
+    pub filters: Vec<Plugin>,
+    #[serde(default)]
+    pub scorers: Vec<Scorer>,
+    pub picker: Plugin,
+}
+
+/// A plugin defined once under `router.plugins`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedPlugin {
+    pub script: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+/// A use of a plugin: a named one (`plugin`), a script (`script`), or a
+/// named one with its script or some parameters replaced. Parameters given
+/// here are merged over the named plugin's.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plugin {
+    #[serde(default)]
+    pub plugin: Option<String>,
+    #[serde(default)]
+    pub script: String,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scorer {
+    #[serde(default)]
+    pub plugin: Option<String>,
+    #[serde(default)]
+    pub script: String,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    #[serde(default)]
+    pub params: BTreeMap<String, ParamValue>,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// At simulated time `at`, apply `set` (dotted path → value, as `--set`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub at: f64,
+    pub set: BTreeMap<String, String>,
+}
+
+fn ron_options() -> ron::Options {
+    ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
+}
+
+/// Parses RON text into a raw scenario; errors name file, line, column and field.
+pub fn parse(text: &str, file: &Path) -> Result<RawScenario> {
+    let mut de = ron::Deserializer::from_str_with_options(text, &ron_options())
+        .map_err(|e| Error::new(format!("{}:{e}", file.display())))?;
+    let raw: RawScenario = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let spanned = de.span_error(e.into_inner());
+        let pos = spanned.span.start;
+        Error::new(format!(
+            "{}:{}:{}: in field `{}`: {}",
+            file.display(),
+            pos.line,
+            pos.col,
+            path,
+            spanned.code
+        ))
+    })?;
+    de.end()
+        .map_err(|e| Error::new(format!("{}: {}", file.display(), de.span_error(e))))?;
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::REFERENCE;
+    use std::path::Path;
+
+    #[test]
+    fn the_reference_scenario_parses() {
+        let raw = parse(REFERENCE, Path::new("ref.ron")).unwrap();
+        assert_eq!(raw.prefill.count, 2);
+        assert_eq!(raw.decode.engine.max_num_seqs, 64);
+    }
+
+    #[test]
+    fn a_typo_names_file_line_column_and_field() {
+        let text = REFERENCE.replace("num_gpu_blocks", "num_gpu_block");
+        let err = parse(&text, Path::new("x.ron")).unwrap_err().to_string();
+        assert!(err.starts_with("x.ron:"), "{err}");
+        assert!(err.contains("num_gpu_block"), "{err}");
+        assert!(err.contains("prefill.engine"), "{err}");
+        let line = text
+            .lines()
+            .position(|l| l.contains("num_gpu_block"))
+            .unwrap()
+            + 1;
+        assert!(
+            err.contains(&format!("x.ron:{line}:")),
+            "{err} (expected line {line})"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_field() {
+        let text = REFERENCE.replacen("max_num_seqs: 16", "max_num_seqs: \"many\"", 1);
+        let err = parse(&text, Path::new("x.ron")).unwrap_err().to_string();
+        assert!(err.contains("prefill.engine.max_num_seqs"), "{err}");
+    }
+}

@@ -1,0 +1,355 @@
+//! From the raw scenario to the one a run uses: script paths resolved,
+//! plugin references expanded, every number checked; an impossible
+//! scenario is refused with a sentence saying why.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override};
+
+/// Script paths written in a file are relative to that file's folder.
+pub(crate) fn resolve_script_paths(raw: &mut RawScenario, dir: &Path) {
+    let fix = |s: &mut String| {
+        let p = Path::new(s.as_str());
+        if !s.is_empty() && p.is_relative() {
+            *s = dir.join(p).to_string_lossy().into_owned();
+        }
+    };
+    let r = &mut raw.router;
+    r.plugins.values_mut().for_each(|p| fix(&mut p.script));
+    fix(&mut r.decider.script);
+    for profile in [&mut r.decode, &mut r.prefill] {
+        profile.filters.iter_mut().for_each(|f| fix(&mut f.script));
+        profile.scorers.iter_mut().for_each(|f| fix(&mut f.script));
+        fix(&mut profile.picker.script);
+    }
+    // A phase that swaps a script names it relative to this file too.
+    for phase in &mut raw.phases {
+        for (path, value) in phase.set.iter_mut() {
+            if path.ends_with("script") {
+                fix(value);
+            }
+        }
+    }
+}
+
+/// The router with every plugin reference replaced by its script and
+/// parameters (entry parameters merged over the named plugin's).
+pub fn expand_plugins(router: &Router) -> Result<Router> {
+    let mut out = router.clone();
+    let expand = |what: &str,
+                  plugin: &Option<String>,
+                  script: &mut String,
+                  params: &mut BTreeMap<String, ParamValue>|
+     -> Result<()> {
+        if let Some(name) = plugin {
+            let named = router.plugins.get(name).ok_or_else(|| {
+                let known: Vec<String> = router.plugins.keys().map(|k| format!("`{k}`")).collect();
+                Error::new(format!(
+                    "{what} refers to plugin `{name}`, which router.plugins does not define (it defines {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                ))
+            })?;
+            if script.is_empty() {
+                *script = named.script.clone();
+            }
+            let mut merged = named.params.clone();
+            merged.extend(std::mem::take(params));
+            *params = merged;
+        }
+        if script.is_empty() {
+            return Err(Error::new(format!(
+                "{what} names neither a `script` nor a `plugin`"
+            )));
+        }
+        Ok(())
+    };
+    let d = &mut out.decider;
+    expand("router.decider", &d.plugin, &mut d.script, &mut d.params)?;
+    for (role, profile) in [("decode", &mut out.decode), ("prefill", &mut out.prefill)] {
+        for (i, f) in profile.filters.iter_mut().enumerate() {
+            expand(
+                &format!("router.{role}.filters.{i}"),
+                &f.plugin,
+                &mut f.script,
+                &mut f.params,
+            )?;
+        }
+        for (i, s) in profile.scorers.iter_mut().enumerate() {
+            expand(
+                &format!("router.{role}.scorers.{i}"),
+                &s.plugin,
+                &mut s.script,
+                &mut s.params,
+            )?;
+        }
+        let p = &mut profile.picker;
+        expand(
+            &format!("router.{role}.picker"),
+            &p.plugin,
+            &mut p.script,
+            &mut p.params,
+        )?;
+    }
+    Ok(out)
+}
+
+/// Checks every number a run depends on; refuses impossible scenarios with
+/// a sentence saying why.
+pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
+    let mut problems = Vec::new();
+    let mut need = |ok: bool, msg: String| {
+        if !ok {
+            problems.push(msg);
+        }
+    };
+    let finite_pos = |x: f64| x.is_finite() && x > 0.0;
+    let finite_nonneg = |x: f64| x.is_finite() && x >= 0.0;
+
+    need(
+        finite_pos(raw.horizon),
+        format!(
+            "horizon must be a positive number of seconds, got {}",
+            raw.horizon
+        ),
+    );
+    need(
+        finite_nonneg(raw.warmup) && raw.warmup < raw.horizon,
+        format!(
+            "warmup must be at least 0 and below the horizon ({}), got {}",
+            raw.horizon, raw.warmup
+        ),
+    );
+    let w = &raw.workload;
+    need(
+        finite_pos(w.session_rate),
+        format!(
+            "workload.session_rate must be positive, got {}",
+            w.session_rate
+        ),
+    );
+    let (lo, hi) = w.first_turn_tokens;
+    need(
+        lo.is_finite() && hi.is_finite() && lo >= 0.0 && lo <= hi,
+        format!(
+            "workload.first_turn_tokens must be (min, max) with 0 <= min <= max, got ({lo}, {hi})"
+        ),
+    );
+    need(
+        finite_pos(w.later_turn_tokens_mean),
+        format!(
+            "workload.later_turn_tokens_mean must be positive, got {}",
+            w.later_turn_tokens_mean
+        ),
+    );
+    need(
+        finite_pos(w.output_tokens_mean),
+        format!(
+            "workload.output_tokens_mean must be positive, got {}",
+            w.output_tokens_mean
+        ),
+    );
+    need(
+        (0.0..=1.0).contains(&w.continue_probability),
+        format!(
+            "workload.continue_probability must be within [0, 1], got {}",
+            w.continue_probability
+        ),
+    );
+    need(
+        finite_pos(w.tool_time_mean),
+        format!(
+            "workload.tool_time_mean must be positive, got {}",
+            w.tool_time_mean
+        ),
+    );
+    let mut nic_rates = [0.0; 2];
+    for (k, (role, pool)) in [("prefill", &raw.prefill), ("decode", &raw.decode)]
+        .into_iter()
+        .enumerate()
+    {
+        let e = &pool.engine;
+        need(pool.count > 0, format!("{role}.count must be at least 1"));
+        need(
+            e.block_size > 0,
+            format!("{role}.engine.block_size must be at least 1"),
+        );
+        need(
+            e.max_num_seqs > 0,
+            format!("{role}.engine.max_num_seqs must be at least 1"),
+        );
+        need(
+            e.max_num_batched_tokens > 0,
+            format!("{role}.engine.max_num_batched_tokens must be at least 1"),
+        );
+        need(
+            e.max_model_len > 1,
+            format!("{role}.engine.max_model_len must be at least 2"),
+        );
+        let capacity = e.num_gpu_blocks as u64 * e.block_size as u64;
+        need(
+            capacity >= e.max_model_len as u64,
+            format!(
+                "{role}.engine: the KV pool ({} blocks × {} tokens = {capacity} tokens) is smaller than \
+                 max_model_len ({}); vLLM refuses to start such an engine",
+                e.num_gpu_blocks, e.block_size, e.max_model_len
+            ),
+        );
+        let c = &pool.cost;
+        for (name, v) in [
+            ("c0", c.c0),
+            ("a", c.a),
+            ("omega", c.omega),
+            ("beta", c.beta),
+        ] {
+            need(
+                finite_nonneg(v),
+                format!("{role}.cost.{name} must be a finite number >= 0, got {v}"),
+            );
+        }
+        need(
+            c.c0 > 0.0 || c.a > 0.0 || c.omega > 0.0,
+            format!("{role}.cost: a step must take time (c0, a or omega above 0)"),
+        );
+        match (
+            pool.nic.tokens_per_s,
+            pool.nic.bytes_per_s,
+            pool.nic.kv_bytes_per_token,
+        ) {
+            (Some(t), None, None) => {
+                need(
+                    finite_pos(t),
+                    format!("{role}.nic.tokens_per_s must be positive, got {t}"),
+                );
+                nic_rates[k] = t;
+            }
+            (None, Some(b), Some(per)) => {
+                need(
+                    finite_pos(b),
+                    format!("{role}.nic.bytes_per_s must be positive, got {b}"),
+                );
+                need(
+                    finite_pos(per),
+                    format!("{role}.nic.kv_bytes_per_token must be positive, got {per}"),
+                );
+                nic_rates[k] = b / per;
+            }
+            _ => need(
+                false,
+                format!(
+                    "{role}.nic: give either tokens_per_s, or bytes_per_s together with kv_bytes_per_token"
+                ),
+            ),
+        }
+    }
+    need(
+        raw.prefill.engine.max_model_len == raw.decode.engine.max_model_len,
+        format!(
+            "prefill and decode must serve the same max_model_len (got {} and {})",
+            raw.prefill.engine.max_model_len, raw.decode.engine.max_model_len
+        ),
+    );
+    need(
+        finite_nonneg(raw.transfer.latency),
+        format!(
+            "transfer.latency must be a finite number >= 0, got {}",
+            raw.transfer.latency
+        ),
+    );
+    for (name, profile) in [
+        ("decode", &raw.router.decode),
+        ("prefill", &raw.router.prefill),
+    ] {
+        for (i, s) in profile.scorers.iter().enumerate() {
+            need(
+                s.weight.is_finite(),
+                format!(
+                    "router.{name}.scorers.{i}.weight must be finite, got {}",
+                    s.weight
+                ),
+            );
+        }
+    }
+    if let Err(e) = expand_plugins(&raw.router) {
+        need(false, e.to_string());
+    }
+    let mut last_at = 0.0;
+    for (i, p) in raw.phases.iter().enumerate() {
+        need(
+            p.at.is_finite() && p.at >= last_at,
+            format!(
+                "phases.{i}.at must be finite and not before the previous phase, got {}",
+                p.at
+            ),
+        );
+        last_at = p.at;
+        for (path, value) in &p.set {
+            if !(path.starts_with("router.") || path.starts_with("workload.")) {
+                need(
+                    false,
+                    format!(
+                        "phases.{i}: `{path}` cannot change during a run (a phase may change router.* and workload.*)"
+                    ),
+                );
+                continue;
+            }
+            if let Err(e) = apply_override(&raw, &format!("{path}={value}")) {
+                need(false, format!("phases.{i}: {e}"));
+            }
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::new(format!(
+            "{}: scenario refused:\n  - {}",
+            source.display(),
+            problems.join("\n  - ")
+        )));
+    }
+    // Shared script modules: `lib/` beside the scenario's folder, else beside
+    // the folder of the scripts it uses, else in the current directory.
+    let scenario_dir = source.parent().unwrap_or(Path::new("."));
+    let script_dir = Path::new(&raw.router.decider.script)
+        .parent()
+        .map(Path::to_path_buf);
+    let lib_dir = [
+        Some(scenario_dir.join("../lib")),
+        script_dir.map(|d| d.join("../lib")),
+        Some("lib".into()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|d| d.is_dir());
+    Ok(Scenario {
+        lib_dir,
+        raw,
+        source: source.to_path_buf(),
+        prefill_nic_tokens_per_s: nic_rates[0],
+        decode_nic_tokens_per_s: nic_rates[1],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenario::REFERENCE;
+    use crate::scenario::parse;
+
+    #[test]
+    fn impossible_scenarios_are_refused_with_a_reason() {
+        let raw = parse(REFERENCE, Path::new("ref.ron")).unwrap();
+        let small = apply_override(&raw, "decode.engine.num_gpu_blocks=100").unwrap();
+        let err = resolve(small, Path::new("s.ron")).unwrap_err().to_string();
+        assert!(err.contains("smaller than max_model_len"), "{err}");
+        let neg = apply_override(&raw, "workload.session_rate=-1").unwrap();
+        let err = resolve(neg, Path::new("s.ron")).unwrap_err().to_string();
+        assert!(err.contains("session_rate must be positive"), "{err}");
+        let zero = apply_override(&raw, "prefill.count=0").unwrap();
+        let err = resolve(zero, Path::new("s.ron")).unwrap_err().to_string();
+        assert!(err.contains("prefill.count must be at least 1"), "{err}");
+        let err = apply_override(&raw, "decode.count=-2")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("decode.count"), "{err}");
+    }
+}

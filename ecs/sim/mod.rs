@@ -1,0 +1,73 @@
+//! The simulation: a bevy_ecs `World`, one `Schedule` run once per tick, and
+//! the next-event loop around it. This is the top of the simulation: it
+//! assembles every module's systems; the resources they share are in
+//! [`crate::shared`], at the bottom.
+//!
+//! # The ordering contract
+//!
+//! Time advances from one instant at which something happens to the next.
+//! Everything that happens at one instant is one *tick*: the agenda hands
+//! over every event due now, then the systems run once, in this order
+//! ([`SimSystems`], chained):
+//!
+//! 1. `Phases` — hot-swap phases that start now change policies/parameters.
+//! 2. `Workload` — new sessions and sessions whose tool call ended issue a
+//!    request (sessions in arrival order, turns in agenda order).
+//! 3. `Routing` — requests at the gateway are routed, in the order they
+//!    arrived; the router's scripts decide; each goes to one engine's queue.
+//! 4. `Transfers` — flows whose finish time is now complete (in start order):
+//!    the prefiller's lease is released and the decoder's request promoted;
+//!    then reads whose latency ended start flowing.
+//! 5. `StepEnd` — steps that end now are applied (engines in agenda order):
+//!    tokens computed, first tokens, finishes (KV freed); then the requests
+//!    that finished retire, in that order: observed, released from the
+//!    router's bookkeeping, their session's next turn booked, despawned.
+//! 6. `Handoff` — the sidecar takes the prefillers' answers: lease, then the
+//!    decode leg to its decoder (or the store-and-forward copy starts).
+//! 7. `StepStart` — every idle engine whose state changed forms its next step
+//!    (prefillers by index, then decoders by index) and books its end;
+//!    then the reads of the requests decoders parked are posted, their
+//!    start booked `x0` later.
+//! 8. `Bandwidth` — if flows started or ended, every flow is brought to now,
+//!    the links are re-divided (max-min) and the earliest finish is booked.
+//! 9. `Observe` — gauges integrate the interval just passed and sample the
+//!    new state.
+//!
+//! An event booked for the current instant by a later system (a read with
+//! `x0 = 0`) runs in a following tick at the same time. Ties between events
+//! at one instant are broken by (rank = the system above, insertion order).
+//!
+//! Custom systems (a metric, a fault) go in with
+//! [`Sim::add_systems`], ordered against these sets.
+//!
+//! | file | what |
+//! |---|---|
+//! | [`schedule`] | [`Sim`]: the world built from a scenario, the schedule, the loop |
+//! | [`phases`] | the `Phases` system (hot swap) |
+//! | [`retire`] | what happens to a request that finished |
+
+use bevy_ecs::prelude::*;
+use std::sync::atomic::AtomicU64;
+
+pub mod phases;
+pub mod retire;
+pub mod schedule;
+
+pub use schedule::Sim;
+
+/// The tick's systems, in the order they run (see the module docs).
+#[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SimSystems {
+    Phases,
+    Workload,
+    Routing,
+    Transfers,
+    StepEnd,
+    Handoff,
+    StepStart,
+    Bandwidth,
+    Observe,
+}
+
+/// Simulated time of the tick in progress (`f64` bits), for log timestamps.
+pub static SIM_TIME: AtomicU64 = AtomicU64::new(0);

@@ -1,0 +1,50 @@
+//! What happens to a request that produced its last token: it is observed
+//! (MODEL.md §9), the router's bookkeeping releases it (llm-d counts a decode
+//! endpoint's request until the end of its stream), its session books its
+//! next turn after the tool call, and it leaves the world. It runs right
+//! after the steps end, in the `StepEnd` set, in the order they finished.
+
+use bevy_ecs::prelude::*;
+
+use crate::engine::record::FinishedRequests;
+use crate::engine::{Engine, Request};
+use crate::metrics::Metrics;
+use crate::router::Router;
+use crate::shared::{Agenda, Clock, Event, Finished};
+
+/// System: retire the requests that finished this tick.
+#[allow(clippy::too_many_arguments)]
+pub fn retire_system(
+    mut commands: Commands,
+    clock: Res<Clock>,
+    mut finished: ResMut<Finished>,
+    reqs: Query<&Request>,
+    engines: Query<&Engine>,
+    mut metrics: ResMut<Metrics>,
+    mut router: NonSendMut<Router>,
+    mut agenda: ResMut<Agenda>,
+    mut record: Option<ResMut<FinishedRequests>>,
+) {
+    let now = clock.now;
+    for &id in &finished.queue {
+        let r = reqs.get(id).expect("a finished request");
+        tracing::debug!(
+            request = r.id,
+            ttft = r.first_token_at.unwrap_or(f64::NAN) - r.t0,
+            response = now - r.t0,
+            preemptions = r.preemptions,
+            "finished"
+        );
+        metrics.request_finished(r);
+        let decoder = engines.get(r.decoder.expect("routed")).expect("decoder");
+        router.book.decode_finished(decoder.index, r.prompt);
+        if let (Some(session), Some(delay)) = (r.session, r.next_turn_in) {
+            agenda.schedule(now + delay, Event::NextTurn(session));
+        }
+        if let Some(f) = record.as_deref_mut() {
+            f.0.push(r.clone());
+        }
+        commands.entity(id).despawn();
+    }
+    finished.queue.clear();
+}

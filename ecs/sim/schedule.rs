@@ -1,0 +1,285 @@
+//! [`Sim`]: the world of a scenario (engines with their pools and NICs, the
+//! router, the workload, the shared resources), the tick schedule that
+//! chains every module's systems (the ordering contract, [`crate::sim`]),
+//! and the next-event loop.
+
+use bevy_ecs::prelude::*;
+use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, SingleThreadedExecutor};
+use std::time::Instant;
+
+use crate::engine::record::{FinishedRequests, StepRecorder};
+use crate::engine::systems::{StepScratch, step_end_system, step_start_system};
+use crate::engine::{BlockPool, Engine, KvPool, Role};
+use crate::error::Result;
+use crate::metrics::figures::{SeriesRecorder, series_system};
+use crate::metrics::gauges::observe_system;
+use crate::metrics::{Gauges, Metrics, Report};
+use crate::router::book::RouterBook;
+use crate::router::gateway::routing_system;
+use crate::router::policy::Policies;
+use crate::router::sidecar::handoff_system;
+use crate::router::{Router, RouterMode};
+use crate::scenario::{self, Scenario};
+use crate::shared::{
+    Agenda, Clock, CurrentScenario, EngineIndex, Event, Finished, Gateway, Handoffs, Parked,
+    PhaseIndex, RunStatus, TickEvents,
+};
+use crate::sim::phases::phase_system;
+use crate::sim::retire::retire_system;
+use crate::sim::{SIM_TIME, SimSystems};
+use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
+use crate::transfer::{Flows, Nic};
+use crate::workload::{TraceRequest, WorkloadState, workload_system};
+
+/// A simulation ready to run: the world and the tick schedule.
+pub struct Sim {
+    pub world: World,
+    schedule: Schedule,
+    horizon: f64,
+}
+
+impl Sim {
+    /// Builds the world of a scenario: engines with their pools and NICs,
+    /// the router with its compiled scripts, the workload.
+    pub fn new(scenario: &Scenario) -> Result<Sim> {
+        let raw = &scenario.raw;
+        let router = scenario::expand_plugins(&raw.router)?;
+        let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
+        Self::build(scenario, RouterMode::Scripts(Box::new(policies)), None)
+    }
+
+    /// Builds a simulation fed by an explicit trace instead of sessions.
+    pub fn with_trace(
+        scenario: &Scenario,
+        router: RouterMode,
+        trace: Vec<TraceRequest>,
+    ) -> Result<Sim> {
+        Self::build(scenario, router, Some(trace))
+    }
+
+    fn build(
+        scenario: &Scenario,
+        router: RouterMode,
+        trace: Option<Vec<TraceRequest>>,
+    ) -> Result<Sim> {
+        let raw = &scenario.raw;
+        let mut world = World::new();
+        let mut index = EngineIndex::default();
+        let mut links = Vec::new();
+        for (role, pool, nic_rate) in [
+            (
+                Role::Prefill,
+                &raw.prefill,
+                scenario.prefill_nic_tokens_per_s,
+            ),
+            (Role::Decode, &raw.decode, scenario.decode_nic_tokens_per_s),
+        ] {
+            for i in 0..pool.count {
+                let link = links.len() as u32;
+                links.push(nic_rate);
+                let e = world
+                    .spawn((
+                        Engine::new(role, i, pool.engine, pool.cost)
+                            .with_semantics(raw.engine_semantics),
+                        KvPool(BlockPool::for_engine(&pool.engine, raw.engine_semantics)),
+                        Nic {
+                            link,
+                            tokens_per_s: nic_rate,
+                        },
+                    ))
+                    .id();
+                match role {
+                    Role::Prefill => index.prefill.push(e),
+                    Role::Decode => index.decode.push(e),
+                }
+            }
+        }
+        let mut agenda = Agenda::default();
+        let mut workload = WorkloadState::new(
+            raw.workload.clone(),
+            raw.decode.engine.max_model_len,
+            raw.seed,
+            raw.warmup,
+        );
+        match trace {
+            Some(t) => {
+                for (i, r) in t.iter().enumerate() {
+                    agenda.schedule(r.arrival, Event::TraceArrival(i as u32));
+                }
+                workload.trace = t;
+            }
+            None => {
+                let first = workload.next_arrival_gap();
+                agenda.schedule(first, Event::SessionArrival);
+            }
+        }
+        for (i, p) in raw.phases.iter().enumerate() {
+            agenda.schedule(p.at, Event::Phase(i as u32));
+        }
+        let book = RouterBook::new(
+            raw.prefill.count as usize,
+            raw.decode.count as usize,
+            raw.router.prefix_index_blocks,
+            raw.decode.engine.block_size,
+        );
+        world.insert_resource(agenda);
+        world.insert_resource(workload);
+        world.insert_non_send(Router::new(router, book));
+        world.insert_resource(Flows::new(
+            raw.transfer.mode,
+            raw.transfer.sharing,
+            raw.transfer.latency,
+            links,
+        ));
+        world.insert_resource(index);
+        world.insert_resource(Clock::default());
+        world.insert_resource(TickEvents::default());
+        world.insert_resource(Gateway::default());
+        world.insert_resource(Handoffs::default());
+        world.insert_resource(Finished::default());
+        world.insert_resource(Parked::default());
+        world.insert_resource(PhaseIndex::default());
+        world.insert_resource(RunStatus::default());
+        world.insert_resource(StepScratch::default());
+        world.insert_resource(CurrentScenario(raw.clone()));
+        world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1));
+        world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
+
+        let mut schedule = Schedule::default();
+        schedule.set_executor(SingleThreadedExecutor::new());
+        schedule.set_build_settings(ScheduleBuildSettings {
+            ambiguity_detection: LogLevel::Error,
+            ..Default::default()
+        });
+        schedule.configure_sets(
+            (
+                SimSystems::Phases,
+                SimSystems::Workload,
+                SimSystems::Routing,
+                SimSystems::Transfers,
+                SimSystems::StepEnd,
+                SimSystems::Handoff,
+                SimSystems::StepStart,
+                SimSystems::Bandwidth,
+                SimSystems::Observe,
+            )
+                .chain(),
+        );
+        // Most ticks finish and park nothing: a run condition skips those
+        // systems for less than running them would cost.
+        schedule.add_systems((
+            phase_system.in_set(SimSystems::Phases),
+            workload_system.in_set(SimSystems::Workload),
+            routing_system.in_set(SimSystems::Routing),
+            transfer_system.in_set(SimSystems::Transfers),
+            (
+                step_end_system,
+                retire_system.run_if(|f: Res<Finished>| !f.queue.is_empty()),
+            )
+                .chain()
+                .in_set(SimSystems::StepEnd),
+            handoff_system.in_set(SimSystems::Handoff),
+            (
+                step_start_system,
+                post_reads_system.run_if(|p: Res<Parked>| !p.queue.is_empty()),
+            )
+                .chain()
+                .in_set(SimSystems::StepStart),
+            bandwidth_system.in_set(SimSystems::Bandwidth),
+            observe_system.in_set(SimSystems::Observe),
+        ));
+        Ok(Sim {
+            world,
+            schedule,
+            horizon: raw.horizon,
+        })
+    }
+
+    /// Adds user systems to the tick schedule; order them against
+    /// [`SimSystems`] (e.g. `my_metric.in_set(SimSystems::Observe)` or
+    /// `.after(SimSystems::StepEnd)`).
+    pub fn add_systems<M>(
+        &mut self,
+        systems: impl IntoScheduleConfigs<bevy_ecs::system::ScheduleSystem, M>,
+    ) {
+        self.schedule.add_systems(systems);
+    }
+
+    /// Records every step formed and every finished request (replays,
+    /// tests). Steps are recorded one by one: runs of repeated decode steps
+    /// are not merged.
+    pub fn record(&mut self) {
+        self.set_step_repeats(false);
+        self.world.insert_resource(StepRecorder::default());
+        self.record_requests();
+    }
+
+    /// Keeps every finished request (its times, hits, preemptions).
+    pub fn record_requests(&mut self) {
+        self.world.insert_resource(FinishedRequests::default());
+    }
+
+    /// Whether engines may book runs of identical decode steps as one
+    /// (an exact shortcut, on by default).
+    pub fn set_step_repeats(&mut self, on: bool) {
+        for mut e in self.world.query::<&mut Engine>().iter_mut(&mut self.world) {
+            e.repeat_steps = on;
+        }
+    }
+
+    /// Runs ticks until the horizon (or until nothing is left to happen).
+    pub fn run(&mut self) -> Result<Report> {
+        let wall = Instant::now();
+        while let Some(t) = self.world.resource::<Agenda>().next_time() {
+            if t > self.horizon {
+                break;
+            }
+            self.tick(t);
+            if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
+                return Err(e);
+            }
+        }
+        self.world.resource_mut::<Gauges>().advance(self.horizon);
+        Ok(Report::collect(
+            &mut self.world,
+            wall.elapsed().as_secs_f64(),
+        ))
+    }
+
+    /// One tick at time `t`: hand over the events due, run the systems.
+    fn tick(&mut self, t: f64) {
+        self.world.resource_scope(|world, mut agenda: Mut<Agenda>| {
+            let mut events = world.resource_mut::<TickEvents>();
+            events.clear();
+            while let Some(e) = agenda.pop_at(t) {
+                events.push(e);
+            }
+            let mut clock = world.resource_mut::<Clock>();
+            clock.now = t;
+            clock.ticks += 1;
+        });
+        // Log lines carry the simulated time of the tick they come from.
+        SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        self.schedule.run(&mut self.world);
+    }
+
+    pub fn horizon(&self) -> f64 {
+        self.horizon
+    }
+
+    /// Samples the engines' state every `interval` simulated seconds (the
+    /// time series of `--plots`), by a system after [`SimSystems::Observe`].
+    pub fn record_series(&mut self, interval: f64) {
+        let index = self.world.resource::<EngineIndex>().clone();
+        let recorder = SeriesRecorder::new(&index, interval, self.horizon);
+        self.world.insert_resource(recorder);
+        self.add_systems(series_system.after(SimSystems::Observe));
+    }
+
+    /// After the run: the recorded time series, complete to the horizon.
+    pub fn take_series(&mut self) -> Option<SeriesRecorder> {
+        let mut rec = self.world.remove_resource::<SeriesRecorder>()?;
+        rec.finish();
+        Some(rec)
+    }
+}
