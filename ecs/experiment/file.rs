@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::scenario::{parse_ron, ron_options};
 
 /// An experiment file (RON): a base scenario and the sweep to run over it.
 ///
@@ -83,10 +84,6 @@ impl<'de> Deserialize<'de> for Value {
     }
 }
 
-fn ron_options() -> ron::Options {
-    ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
-}
-
 /// Whether a RON file is an experiment (it names a `scenario`) rather than
 /// a scenario. A file that does not parse is taken for a scenario, whose
 /// loader then says what is wrong with it.
@@ -106,21 +103,5 @@ pub fn is_experiment(path: &Path) -> bool {
 pub fn load_experiment(path: &Path) -> Result<Experiment> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::new(format!("cannot read experiment {}: {e}", path.display())))?;
-    let mut de = ron::Deserializer::from_str_with_options(&text, &ron_options())
-        .map_err(|e| Error::new(format!("{}:{e}", path.display())))?;
-    let exp: Experiment = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let field = e.path().to_string();
-        let spanned = de.span_error(e.into_inner());
-        let pos = spanned.span.start;
-        Error::new(format!(
-            "{}:{}:{}: in field `{field}`: {}",
-            path.display(),
-            pos.line,
-            pos.col,
-            spanned.code
-        ))
-    })?;
-    de.end()
-        .map_err(|e| Error::new(format!("{}: {}", path.display(), de.span_error(e))))?;
-    Ok(exp)
+    parse_ron(&text, path)
 }

@@ -2,6 +2,7 @@
 //! unknown fields denied, so a typo is an error naming the file, line,
 //! column and field.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -241,15 +242,22 @@ pub struct Phase {
     pub set: BTreeMap<String, String>,
 }
 
-fn ron_options() -> ron::Options {
+/// How pdsim reads RON: `Some(x)` may be written `x`.
+pub fn ron_options() -> ron::Options {
     ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
 }
 
 /// Parses RON text into a raw scenario; errors name file, line, column and field.
 pub fn parse(text: &str, file: &Path) -> Result<RawScenario> {
+    parse_ron(text, file)
+}
+
+/// Parses RON text (a scenario, an experiment file, a preset); errors name
+/// file, line, column and the field's dotted path.
+pub fn parse_ron<T: DeserializeOwned>(text: &str, file: &Path) -> Result<T> {
     let mut de = ron::Deserializer::from_str_with_options(text, &ron_options())
         .map_err(|e| Error::new(format!("{}:{e}", file.display())))?;
-    let raw: RawScenario = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let spanned = de.span_error(e.into_inner());
         let pos = spanned.span.start;
@@ -264,7 +272,7 @@ pub fn parse(text: &str, file: &Path) -> Result<RawScenario> {
     })?;
     de.end()
         .map_err(|e| Error::new(format!("{}: {}", file.display(), de.span_error(e))))?;
-    Ok(raw)
+    Ok(value)
 }
 
 #[cfg(test)]
