@@ -27,7 +27,7 @@ fn main() {
     println!(
         "setup: {} (2P2D, Λ = {}/s), horizon {horizon} s, seed {seed}, {} cores, release build",
         path.display(),
-        scenario.raw.workload.session_rate,
+        pdsim::scenario::Sessions::of(&scenario.raw.workload).session_rate,
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)

@@ -41,12 +41,16 @@ pub struct RunOptions {
     /// --set router.decider.params.non_cached_tokens=inf
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
+    #[command(flatten)]
+    pub trace: scenario::TraceOptions,
 }
 
 impl RunOptions {
-    /// All overrides, the explicit flags last so they win.
+    /// All overrides: the trace first, then `--set`, the explicit flags last
+    /// so they win.
     pub fn overrides(&self) -> Vec<String> {
-        let mut o = self.set.clone();
+        let mut o: Vec<String> = self.trace.override_().into_iter().collect();
+        o.extend(self.set.iter().cloned());
         if let Some(s) = self.seed {
             o.push(format!("seed={s}"));
         }

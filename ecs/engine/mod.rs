@@ -52,8 +52,8 @@ pub mod request;
 pub mod scheduler;
 pub mod systems;
 
-pub use kv::{BlockId, BlockKey, BlockPool, KvPool, reusable};
-pub use request::{KvSource, Leg, Request, RequestStore, Status};
+pub use kv::{BlockId, BlockKey, BlockPath, BlockPool, KvPool, Segment, reusable};
+pub use request::{KvSource, Leg, NextTurn, Request, RequestStore, Status};
 
 /// The two roles of an instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -121,6 +121,10 @@ pub struct Engine {
     pub dirty: bool,
     /// Steps run so far.
     pub steps: u64,
+    /// vLLM's prefix-cache counters: tokens looked up at the first admission
+    /// of each request (not after a preemption), and tokens found cached.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
     /// The step in progress stands for this many identical decode steps.
     pub repeat: u32,
     /// When the step in progress (the first of a run) started, and its KV
@@ -155,6 +159,8 @@ impl Engine {
             busy_until: None,
             dirty: false,
             steps: 0,
+            prefix_queries: 0,
+            prefix_hits: 0,
             repeat: 1,
             step_start: 0.0,
             step_kv: 0,
@@ -271,15 +277,10 @@ fn cfg_slots(cfg: &EngineConfig) -> usize {
 /// Registers the request's full blocks up to `tokens` in the prefix cache
 /// (vLLM caches blocks as the tokens filling them are scheduled).
 pub fn cache_full_blocks(kv: &mut BlockPool, r: &mut Request, tokens: u32) {
-    let full = (tokens.min(r.known_tokens()) / kv.block_size()).min(r.blocks.len() as u32);
+    let bs = kv.block_size();
+    let full = (tokens.min(r.known_tokens()) / bs).min(r.blocks.len() as u32);
     for k in r.cached_blocks..full {
-        kv.cache_block(
-            r.blocks[k as usize],
-            BlockKey {
-                stream: r.stream,
-                index: k,
-            },
-        );
+        kv.cache_block(r.blocks[k as usize], r.path.key(k, bs));
     }
     r.cached_blocks = r.cached_blocks.max(full);
 }

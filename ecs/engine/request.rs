@@ -2,7 +2,7 @@
 
 use bevy_ecs::prelude::*;
 
-use crate::engine::kv::BlockId;
+use crate::engine::kv::{BlockId, BlockPath};
 
 /// Which leg of the request the serving engine is running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,12 +45,23 @@ pub enum KvSource {
     RemoteArrived,
 }
 
+/// What follows a request once it finished (MODEL.md §3; closed-loop traces).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NextTurn {
+    /// The synthetic session draws its next turn `after` seconds (its tool call).
+    Session { session: Entity, after: f64 },
+    /// The trace's request `index` (the session's next turn) arrives `after`
+    /// seconds (its think time).
+    Trace { index: u32, after: f64 },
+}
+
 #[derive(Component, Clone, Debug)]
 pub struct Request {
     pub id: u64,
-    /// Identity of the token stream for prefix caching (the session).
-    pub stream: u64,
-    pub session: Option<Entity>,
+    /// The session (or trace stream) it belongs to, as policies see it.
+    pub session: u64,
+    /// Identity of its tokens for prefix caching ([`BlockPath`]).
+    pub path: BlockPath,
     pub turn: u32,
     /// When the request reached the gateway.
     pub t0: f64,
@@ -61,8 +72,8 @@ pub struct Request {
     /// Output tokens this request will produce (unknown to the scheduler and
     /// router: only the step that completes it reads it).
     pub output: u32,
-    /// Delay before the session's next turn, if it continues.
-    pub next_turn_in: Option<f64>,
+    /// What follows it when it finishes (None: its session ends).
+    pub next_turn: Option<NextTurn>,
 
     pub decoder: Option<Entity>,
     pub prefiller: Option<Entity>,
@@ -93,18 +104,26 @@ pub struct Request {
 }
 
 impl Request {
-    pub fn new(id: u64, stream: u64, prompt: u32, output: u32, t0: f64) -> Request {
+    /// Request `id` of `session`, its tokens identified by `path`.
+    pub fn new(
+        id: u64,
+        session: u64,
+        path: BlockPath,
+        prompt: u32,
+        output: u32,
+        t0: f64,
+    ) -> Request {
         Request {
             id,
-            stream,
-            session: None,
+            session,
+            path,
             turn: 0,
             t0,
             phase: 0,
             prompt,
             new_tokens: prompt,
             output,
-            next_turn_in: None,
+            next_turn: None,
             decoder: None,
             prefiller: None,
             leg: Leg::Decode,

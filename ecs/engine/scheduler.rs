@@ -270,19 +270,21 @@ impl Engine {
         let id = self.waiting[0];
         let r = reqs.req(id);
         let known = r.known_tokens();
-        let hit_blocks = kv.cached_prefix_blocks(r.stream, reusable(known, bs) / bs);
+        let hit_blocks = kv.cached_prefix_blocks(&r.path, reusable(known, bs) / bs);
         let new_blocks = kv.blocks_for(known) - hit_blocks;
         // Whole-prompt reservation (scheduler_reserve_full_isl): room for
         // all known tokens beyond the hit, or nobody behind it is admitted.
-        if !kv.can_allocate_after_hit(r.stream, hit_blocks, new_blocks) {
+        if !kv.can_allocate_after_hit(&r.path, hit_blocks, new_blocks) {
             return false;
         }
         self.waiting.pop_front();
-        kv.touch_prefix(r.stream, hit_blocks, &mut r.blocks);
+        kv.touch_prefix(&r.path, hit_blocks, &mut r.blocks);
         r.cached_blocks = hit_blocks;
         let hit = hit_blocks * bs;
         if r.prefix_hit.is_none() {
             r.prefix_hit = Some(hit);
+            self.prefix_queries += known as u64;
+            self.prefix_hits += hit as u64;
         }
         match r.kv_source {
             KvSource::RemotePending => {

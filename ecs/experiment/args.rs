@@ -24,6 +24,8 @@ pub struct SweepArgs {
     /// A fixed override for every run, as in `pdsim run`.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
+    #[command(flatten)]
+    pub trace: crate::scenario::TraceOptions,
     /// Simulated seconds per run (default: the experiment's, else the scenario's).
     #[arg(long)]
     pub horizon: Option<f64>,

@@ -237,6 +237,7 @@ pub fn plan(args: &SweepArgs) -> Result<Manifest> {
             args.warmup,
         )
     };
+    set.splice(0..0, args.trace.override_());
     set.extend(args.set.iter().cloned());
     for g in &args.grid {
         grid.push((parse_grid(g)?, format!("--grid {g}")));

@@ -5,14 +5,17 @@
 //! |---|---|
 //! | [`observations`] | per-request observations per phase; count, mean, percentiles |
 //! | [`gauges`] | time averages of the engines' state; the `Observe` system |
+//! | [`counters`] | whole-run counts: requests arrived, finished, refused; tokens |
 //! | [`report`] | the report of a run, printed and as JSON; atomic writes |
 //! | [`figures`] | SVG figures: CDFs from log histograms, time series |
 
+pub mod counters;
 pub mod figures;
 pub mod gauges;
 pub mod observations;
 pub mod report;
 
+pub use counters::Counters;
 pub use gauges::{GAUGES, Gauges};
 pub use observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
-pub use report::{Report, write_atomic};
+pub use report::{Report, TraceSummary, write_atomic};

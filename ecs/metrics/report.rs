@@ -10,11 +10,55 @@ use std::path::Path;
 use bevy_ecs::prelude::*;
 
 use crate::engine::Engine;
+use crate::engine::{Request, Role};
 use crate::error::{Error, Result};
+use crate::metrics::counters::Counters;
 use crate::metrics::gauges::{GAUGES, Gauges};
 use crate::metrics::observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
 use crate::router::Router;
 use crate::shared::{Clock, CurrentScenario};
+use crate::transfer::Flows;
+
+/// What a trace workload read (the report's `trace` section).
+#[derive(Resource, Debug, Clone, Serialize, PartialEq)]
+pub struct TraceSummary {
+    pub file: String,
+    pub format: String,
+    /// Requests and sessions kept (after the window and the cut).
+    pub requests: u64,
+    pub sessions: u64,
+    /// Records of the file left out by the window.
+    pub left_out: u64,
+    /// Whether reading stopped at `max_requests`.
+    pub cut: bool,
+    /// Seconds from the first to the last timestamped arrival (scaled).
+    pub span: f64,
+    pub mean_input: f64,
+    pub mean_output: f64,
+    /// Share of prompt tokens in blocks that an earlier request of the trace
+    /// already had (an upper bound on what prefix caching can save).
+    pub seen_before: f64,
+}
+
+impl TraceSummary {
+    /// One paragraph for people.
+    pub fn to_text(&self) -> String {
+        format!(
+            "trace {} ({}): {} requests{} in {} sessions over {:.1} s ({} left out by the window); \
+             mean input {:.0}, output {:.0} tokens; {:.1} % of prompt tokens in blocks seen before\n",
+            self.file,
+            self.format,
+            self.requests,
+            if self.cut { " (the first)" } else { "" },
+            self.sessions,
+            self.span,
+            self.left_out,
+            self.mean_input,
+            self.mean_output,
+            100.0 * self.seen_before
+        )
+    }
+}
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PhaseReport {
@@ -31,6 +75,12 @@ pub struct Report {
     pub warmup: f64,
     pub observations: BTreeMap<String, Summary>,
     pub gauges: BTreeMap<String, f64>,
+    /// Whole-run counts (from t = 0): requests, tokens, the prefix caches,
+    /// KV transfers ([`Counters`] and the engines' and transfers' own).
+    pub counters: BTreeMap<String, u64>,
+    /// What a trace workload read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceSummary>,
     /// Per hot-swap phase, when the scenario has phases.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<PhaseReport>,
@@ -53,6 +103,36 @@ fn summaries(obs: &PhaseObservations) -> BTreeMap<String, Summary> {
         .zip(&obs.values)
         .map(|(n, v)| (n.to_string(), Summary::of(v)))
         .collect()
+}
+
+/// Every counter of the run, by name.
+fn counters(world: &mut World) -> BTreeMap<String, u64> {
+    let c = world.resource::<Counters>().clone();
+    let in_flight = world.query::<&Request>().iter(world).count() as u64;
+    let mut out = BTreeMap::new();
+    let mut put = |name: &str, v: u64| {
+        out.insert(name.to_string(), v);
+    };
+    put("requests_arrived", c.requests_arrived);
+    put("requests_finished", c.requests_finished);
+    put("requests_too_long", c.requests_too_long);
+    put("requests_in_flight", in_flight);
+    put("prompt_tokens", c.prompt_tokens);
+    put("generated_tokens", c.generated_tokens);
+    let mut cache = [[0u64; 2]; 2];
+    for e in world.query::<&Engine>().iter(world) {
+        cache[e.role as usize][0] += e.prefix_queries;
+        cache[e.role as usize][1] += e.prefix_hits;
+    }
+    for role in [Role::Prefill, Role::Decode] {
+        let [queries, hits] = cache[role as usize];
+        put(&format!("{}_prefix_cache_queries", role.name()), queries);
+        put(&format!("{}_prefix_cache_hits", role.name()), hits);
+    }
+    let flows = world.resource::<Flows>();
+    put("kv_transfers", flows.completed);
+    put("kv_transfer_tokens", flows.completed_tokens);
+    out
 }
 
 impl Report {
@@ -87,6 +167,8 @@ impl Report {
             .collect();
         let ticks = world.resource::<Clock>().ticks;
         let steps = world.query::<&Engine>().iter(world).map(|e| e.steps).sum();
+        let counters = counters(world);
+        let trace = world.get_resource::<TraceSummary>().cloned();
         let router = world.non_send::<Router>();
         let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
         Report {
@@ -96,6 +178,8 @@ impl Report {
             warmup,
             observations,
             gauges,
+            counters,
+            trace,
             phases,
             ticks,
             steps,
@@ -124,6 +208,9 @@ impl Report {
             "pdsim: {} (seed {}), horizon {} s, warm-up {} s",
             self.scenario, self.seed, self.horizon, self.warmup
         );
+        if let Some(t) = &self.trace {
+            out.push_str(&t.to_text());
+        }
         write_table(&mut out, &self.observations);
         for (i, p) in self.phases.iter().enumerate() {
             let _ = writeln!(out, "\nphase {} (from t = {} s)", i + 1, p.start);
@@ -132,6 +219,10 @@ impl Report {
         let _ = writeln!(out, "\ngauges (time averages over [warm-up, horizon])");
         for (name, v) in &self.gauges {
             let _ = writeln!(out, "  {name:<18}{v:>12.4}");
+        }
+        let _ = writeln!(out, "\ncounters (whole run, from t = 0)");
+        for (name, v) in &self.counters {
+            let _ = writeln!(out, "  {name:<28}{v:>12}");
         }
         let frac = |n: &str| {
             self.mean(n)

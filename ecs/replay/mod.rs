@@ -29,4 +29,4 @@ pub mod trace;
 
 pub use report::{EngineReport, RemoteRow, ReplayReport, RequestRow, StepRow, compare};
 pub use run::{replay, replay_file};
-pub use trace::{Mode, Trace, TraceEntry};
+pub use trace::{Mode, Trace};

@@ -68,9 +68,12 @@ pub fn replay_file(path: &Path, overrides: &[String]) -> Result<ReplayReport> {
 pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<ReplayReport> {
     let mode = trace.mode()?;
     let sc = trace.scenario(source, overrides)?;
-    let requests = trace.requests()?;
+    let requests = trace.requests(source)?;
     let names: Vec<String> = requests.iter().map(|r| r.name.clone()).collect();
-    let arrivals: Vec<f64> = requests.iter().map(|r| r.arrival).collect();
+    let arrivals: Vec<f64> = requests
+        .iter()
+        .map(|r| r.arrival.expect("a replay trace is open loop"))
+        .collect();
     let prompts: Vec<u32> = requests.iter().map(|r| r.prompt).collect();
     let mut sim = Sim::with_trace(&sc, RouterMode::Direct, requests)?;
     sim.record();

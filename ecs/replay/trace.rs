@@ -3,12 +3,11 @@
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::scenario::{self, Scenario};
-use crate::workload::TraceRequest;
+use crate::scenario::{self, Scenario, TraceFormat, TraceSource};
+use crate::workload::trace::{self, TraceRequest, pdsim};
 
 /// Engine keys of a trace's `config` (all required; `prefill` and `decode`
 /// may override any of them in pd mode).
@@ -28,17 +27,7 @@ const ENGINE_KEYS: [&str; 9] = [
 #[derive(Debug, Clone, Deserialize)]
 pub struct Trace {
     pub config: serde_json::Map<String, Value>,
-    pub requests: Vec<TraceEntry>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct TraceEntry {
-    pub id: String,
-    pub arrival_time: f64,
-    pub prompt_len: u32,
-    pub output_len: u32,
-    #[serde(default)]
-    pub session: Option<String>,
+    pub requests: Vec<pdsim::Entry>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,40 +150,18 @@ impl Trace {
 
     /// The trace as pdsim requests: sessions become streams; in pd mode every
     /// request is prefilled remotely.
-    pub fn requests(&self) -> Result<Vec<TraceRequest>> {
+    pub fn requests(&self, source: &Path) -> Result<Vec<TraceRequest>> {
         let remote = self.mode()? == Mode::Pd;
-        let mut streams: HashMap<&str, u64> = HashMap::new();
-        let mut ids: HashMap<&str, ()> = HashMap::new();
-        let mut out = Vec::with_capacity(self.requests.len());
-        for r in &self.requests {
-            if ids.insert(r.id.as_str(), ()).is_some() {
-                return Err(Error::new(format!("request id {:?} appears twice", r.id)));
-            }
-            if !(r.arrival_time.is_finite() && r.arrival_time >= 0.0) {
-                return Err(Error::new(format!(
-                    "request {:?}: arrival_time must be a finite number >= 0",
-                    r.id
-                )));
-            }
-            if r.prompt_len == 0 || r.output_len == 0 {
-                return Err(Error::new(format!(
-                    "request {:?}: prompt_len and output_len must be at least 1",
-                    r.id
-                )));
-            }
-            let stream = r.session.as_deref().map(|s| {
-                let n = streams.len() as u64;
-                *streams.entry(s).or_insert(n)
-            });
-            out.push(TraceRequest {
-                name: r.id.clone(),
-                arrival: r.arrival_time,
-                prompt: r.prompt_len,
-                output: r.output_len,
-                stream,
-                remote,
-            });
+        pdsim::check(&self.requests)?;
+        let options = TraceSource::file(source.to_string_lossy());
+        let mut prep = trace::Preparer::new(TraceFormat::Pdsim, &options, source);
+        for r in pdsim::records(self.requests.clone()) {
+            prep.push(r)?;
         }
-        Ok(out)
+        let mut trace = prep.finish();
+        for r in &mut trace.requests {
+            r.remote = remote;
+        }
+        Ok(trace.requests)
     }
 }

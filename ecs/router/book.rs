@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 
 use crate::engine::Role;
-use crate::engine::kv::{BlockKey, KeyHasher};
+use crate::engine::kv::{BlockKey, BlockPath, KeyHasher};
 
 #[derive(Default, Clone, Copy, Debug)]
 struct InFlight {
@@ -84,12 +84,23 @@ impl PrefixLru {
         }
     }
 
-    /// How many of the first blocks of `stream`, at most `max`, are all in
+    /// How many of the first blocks of `path`, at most `max`, are all in
     /// the set.
-    fn leading(&self, stream: u64, max: u32) -> u32 {
-        self.stamps.get(&stream).map_or(0, |v| {
-            v.iter().take(max as usize).take_while(|&&s| s != 0).count() as u32
-        })
+    fn leading(&self, path: &BlockPath, bs: u32, max: u32) -> u32 {
+        let mut hit = 0;
+        for run in path.runs(bs, max) {
+            let lead = self.stamps.get(&run.stream).map_or(0, |v| {
+                v.iter()
+                    .take(run.count as usize)
+                    .take_while(|&&s| s != 0)
+                    .count() as u32
+            });
+            if lead < run.count {
+                return run.first + lead;
+            }
+            hit = run.first + run.count;
+        }
+        hit
     }
 }
 
@@ -143,7 +154,7 @@ impl RouterBook {
         &self,
         role: Role,
         index: u32,
-        stream: u64,
+        path: &BlockPath,
         max_tokens: u32,
         bs: u32,
     ) -> u32 {
@@ -154,11 +165,11 @@ impl RouterBook {
             Role::Prefill => &self.prefill_index[index as usize],
             Role::Decode => &self.decode_index[index as usize],
         };
-        lru.leading(stream, max_tokens / bs) * bs
+        lru.leading(path, bs, max_tokens / bs) * bs
     }
 
     /// The router picked decoder `d` (and prefiller `p`) for a prompt.
-    pub fn routed(&mut self, d: u32, p: Option<u32>, prompt: u32, stream: u64) {
+    pub fn routed(&mut self, d: u32, p: Option<u32>, prompt: u32, path: &BlockPath) {
         let f = &mut self.decode[d as usize];
         f.requests += 1;
         f.tokens += prompt as u64;
@@ -170,7 +181,7 @@ impl RouterBook {
         if self.capacity > 0 {
             let blocks = prompt / self.block_size;
             for k in 0..blocks {
-                let key = BlockKey { stream, index: k };
+                let key = path.key(k, self.block_size);
                 self.decode_index[d as usize].touch(key, self.capacity);
                 if let Some(p) = p {
                     self.prefill_index[p as usize].touch(key, self.capacity);
@@ -201,8 +212,8 @@ mod tests {
     #[test]
     fn in_flight_counts_follow_the_routers_own_decisions() {
         let mut b = RouterBook::new(2, 2, 0, 16);
-        b.routed(1, Some(0), 100, 7);
-        b.routed(1, None, 50, 8);
+        b.routed(1, Some(0), 100, &BlockPath::stream(7));
+        b.routed(1, None, 50, &BlockPath::stream(8));
         assert_eq!(b.in_flight(Role::Decode, 1), (2, 150));
         assert_eq!(b.in_flight(Role::Prefill, 0), (1, 100));
         b.prefill_answered(0, 100);
@@ -215,22 +226,28 @@ mod tests {
     fn the_prefix_index_is_bounded_and_forgets_least_recently_sent_blocks() {
         // Capacity 4 blocks of 16 tokens.
         let mut b = RouterBook::new(1, 1, 4, 16);
-        b.routed(0, None, 50, 1); // blocks (1,0..3): 3 full blocks
-        assert_eq!(b.cached_tokens(Role::Decode, 0, 1, 1000, 16), 48);
+        b.routed(0, None, 50, &BlockPath::stream(1)); // blocks (1,0..3): 3 full blocks
         assert_eq!(
-            b.cached_tokens(Role::Decode, 0, 1, 40, 16),
+            b.cached_tokens(Role::Decode, 0, &BlockPath::stream(1), 1000, 16),
+            48
+        );
+        assert_eq!(
+            b.cached_tokens(Role::Decode, 0, &BlockPath::stream(1), 40, 16),
             32,
             "capped by the request's reusable prefix"
         );
-        b.routed(0, None, 32, 2); // 2 blocks of stream 2: evicts (1,0)
+        b.routed(0, None, 32, &BlockPath::stream(2)); // 2 blocks of stream 2: evicts (1,0)
         assert_eq!(
-            b.cached_tokens(Role::Decode, 0, 1, 1000, 16),
+            b.cached_tokens(Role::Decode, 0, &BlockPath::stream(1), 1000, 16),
             0,
             "prefix start forgotten"
         );
-        assert_eq!(b.cached_tokens(Role::Decode, 0, 2, 1000, 16), 32);
         assert_eq!(
-            b.cached_tokens(Role::Prefill, 0, 2, 1000, 16),
+            b.cached_tokens(Role::Decode, 0, &BlockPath::stream(2), 1000, 16),
+            32
+        );
+        assert_eq!(
+            b.cached_tokens(Role::Prefill, 0, &BlockPath::stream(2), 1000, 16),
             0,
             "never sent to the prefiller"
         );

@@ -16,7 +16,7 @@ use crate::transfer::{Flows, Nic};
 pub fn req_view(r: &Request, block_size: u32) -> ReqView {
     ReqView {
         id: r.id as i64,
-        session: r.stream as i64,
+        session: r.session as i64,
         turn: r.turn as i64,
         prompt_tokens: r.prompt as i64,
         new_tokens: r.new_tokens as i64,
@@ -35,7 +35,7 @@ fn pod_view(
     let (eng, kv, nic) = engines.get(e).expect("engine");
     let kv = &kv.0;
     let bs = kv.block_size();
-    let cached_blocks = kv.cached_prefix_blocks(r.stream, reusable(r.prompt, bs) / bs);
+    let cached_blocks = kv.cached_prefix_blocks(&r.path, reusable(r.prompt, bs) / bs);
     let (router_requests, router_tokens) = book.in_flight(eng.role, eng.index);
     PodView {
         role: book.role_name(eng.role),
@@ -56,7 +56,7 @@ fn pod_view(
         router_cached_tokens: book.cached_tokens(
             eng.role,
             eng.index,
-            r.stream,
+            &r.path,
             reusable(r.prompt, bs),
             bs,
         ) as i64,
@@ -89,7 +89,7 @@ pub fn routing_system(
                 let mut r = reqs.get_mut(id).expect("routed request");
                 tracing::debug!(
                     request = r.id,
-                    session = r.stream,
+                    session = r.session,
                     prompt = r.prompt,
                     remote = prefiller.is_some(),
                     "routed"
@@ -103,15 +103,12 @@ pub fn routing_system(
                     }
                     None => decoder,
                 };
-                let prompt = r.prompt;
-                let stream = r.stream;
-                let (d, _, _) = engines.get(decoder).expect("decoder");
-                let d_index = d.index;
+                let d_index = engines.get(decoder).expect("decoder").0.index;
                 router.book.routed(
                     d_index,
                     prefiller.map(|p| engines.get(p).expect("prefiller").0.index),
-                    prompt,
-                    stream,
+                    r.prompt,
+                    &r.path,
                 );
                 engines.get_mut(target).expect("engine").0.enqueue(id);
             }

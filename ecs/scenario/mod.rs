@@ -12,6 +12,7 @@
 //! | [`params`] | script parameters |
 //! | [`overrides`] | `--set path=value` |
 //! | [`validate`] | script paths, plugin references, every number checked |
+//! | [`workload`] | the workload section: session defaults, trace options |
 
 use std::path::{Path, PathBuf};
 
@@ -21,12 +22,14 @@ pub mod overrides;
 pub mod params;
 pub mod raw;
 pub mod validate;
+pub mod workload;
 
-pub use overrides::apply_override;
+pub use overrides::{TraceOptions, apply_override};
 pub use params::ParamValue;
 pub use raw::*;
-use validate::resolve_script_paths;
+use validate::resolve_paths;
 pub use validate::{expand_plugins, resolve};
+pub use workload::Sessions;
 
 /// The reference scenario's text, for unit tests.
 #[cfg(test)]
@@ -49,7 +52,7 @@ pub fn load(path: &Path, overrides: &[String]) -> Result<Scenario> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::new(format!("cannot read scenario {}: {e}", path.display())))?;
     let mut raw = parse(&text, path)?;
-    resolve_script_paths(&mut raw, path.parent().unwrap_or(Path::new(".")));
+    resolve_paths(&mut raw, path.parent().unwrap_or(Path::new(".")));
     for o in overrides {
         raw = apply_override(&raw, o)?;
     }

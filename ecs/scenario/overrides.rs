@@ -2,10 +2,10 @@
 //! keeps enum names and exact f64s), then deserializes it again, so an
 //! override is checked exactly like the file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::scenario::RawScenario;
+use crate::scenario::{RawScenario, TraceFormat};
 
 /// Applies one `path=value` override. The value is read as JSON when it
 /// parses as JSON (numbers, booleans, quoted strings, lists), as ±infinity
@@ -33,7 +33,7 @@ pub fn apply_override(raw: &RawScenario, assignment: &str) -> Result<RawScenario
 
 fn parse_override_value(path: &str, value: &str) -> serde_json::Value {
     let v = value.trim();
-    if path == "script" || path.ends_with(".script") {
+    if path == "script" || path.ends_with(".script") || path == "workload.trace.file" {
         let p = Path::new(v);
         let abs = if p.is_relative() {
             std::env::current_dir()
@@ -128,6 +128,47 @@ fn is_params_map(parts_before: &[&str]) -> bool {
     parts_before.last() == Some(&"params")
 }
 
+/// Replaying a trace instead of the scenario's workload.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TraceOptions {
+    /// Replay this trace instead of the scenario's workload (Mooncake JSONL,
+    /// Azure CSV or a pdsim trace; docs/traces.md). Its options are
+    /// `--set workload.trace.block_tokens=16` and so on.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// The trace's format (default: guessed from its content).
+    #[arg(long, value_name = "FORMAT", requires = "trace", value_parser = parse_format)]
+    pub trace_format: Option<TraceFormat>,
+}
+
+impl TraceOptions {
+    /// The override that makes the workload this trace (first, so that
+    /// `--set workload.trace.…` can refine it).
+    pub fn override_(&self) -> Option<String> {
+        let file = self.trace.as_ref()?;
+        let file = std::path::absolute(file).unwrap_or(file.clone());
+        let mut trace = serde_json::json!({"file": file.to_string_lossy()});
+        if let Some(f) = self.trace_format {
+            trace["format"] = format!("{f:?}").into();
+        }
+        Some(format!(
+            "workload={}",
+            serde_json::json!({ "trace": trace })
+        ))
+    }
+}
+
+fn parse_format(s: &str) -> std::result::Result<TraceFormat, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "mooncake" => Ok(TraceFormat::Mooncake),
+        "azure" => Ok(TraceFormat::Azure),
+        "pdsim" => Ok(TraceFormat::Pdsim),
+        _ => Err(format!(
+            "`{s}` is not a trace format: mooncake, azure or pdsim"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,7 +188,7 @@ mod tests {
         let raw = apply_override(&raw, "transfer.mode=StoreAndForward").unwrap();
         assert_eq!(raw.transfer.mode, TransferMode::StoreAndForward);
         let raw = apply_override(&raw, "workload.session_rate=1.2").unwrap();
-        assert_eq!(raw.workload.session_rate, 1.2);
+        assert_eq!(raw.workload.session_rate, Some(1.2));
         let raw = apply_override(&raw, "router.decode.scorers.0.weight=2.5").unwrap();
         assert_eq!(raw.router.decode.scorers[0].weight, 2.5);
     }

@@ -63,22 +63,115 @@ fn default_warmup() -> f64 {
     200.0
 }
 
-/// The multi-turn session workload of MODEL.md §3.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// The workload: synthetic multi-turn sessions (MODEL.md §3; every field
+/// defaults to its reference value), or a trace to replay (`trace`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
-    /// Λ: sessions per second (Poisson).
-    pub session_rate: f64,
-    /// First turn's new prompt tokens: uniform over [min, max].
-    pub first_turn_tokens: (f64, f64),
-    /// Later turns' new prompt tokens: exponential with this mean.
-    pub later_turn_tokens_mean: f64,
-    /// Output tokens: exponential with this mean, plus one.
-    pub output_tokens_mean: f64,
-    /// p: probability that a session continues after a turn.
-    pub continue_probability: f64,
-    /// Z: mean tool-call time between turns, seconds (exponential).
-    pub tool_time_mean: f64,
+    /// Λ: sessions per second (Poisson). Default 0.6.
+    #[serde(default)]
+    pub session_rate: Option<f64>,
+    /// First turn's new prompt tokens: uniform over [min, max]. Default (1000, 3000).
+    #[serde(default)]
+    pub first_turn_tokens: Option<(f64, f64)>,
+    /// Later turns' new prompt tokens: exponential with this mean. Default 500.
+    #[serde(default)]
+    pub later_turn_tokens_mean: Option<f64>,
+    /// Output tokens: exponential with this mean, plus one. Default 200.
+    #[serde(default)]
+    pub output_tokens_mean: Option<f64>,
+    /// p: probability that a session continues after a turn. Default 0.9.
+    #[serde(default)]
+    pub continue_probability: Option<f64>,
+    /// Z: mean tool-call time between turns, seconds (exponential). Default 3.
+    #[serde(default)]
+    pub tool_time_mean: Option<f64>,
+    /// Shared system prompts: each session's context starts with one of
+    /// `count` prompts of `tokens` tokens, drawn by a Zipf law.
+    #[serde(default)]
+    pub system_prompts: Option<SystemPrompts>,
+    /// Replay a trace instead of synthetic sessions.
+    #[serde(default)]
+    pub trace: Option<TraceSource>,
+}
+
+/// `count` distinct system prompts of `tokens` tokens; a session takes
+/// prompt `k` (from 1) with probability ∝ `k^−zipf` (0: uniform).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemPrompts {
+    pub count: u32,
+    pub tokens: u32,
+    #[serde(default = "default_zipf")]
+    pub zipf: f64,
+}
+
+fn default_zipf() -> f64 {
+    1.0
+}
+
+/// The formats a trace may be in (`docs/traces.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TraceFormat {
+    /// Mooncake JSONL: one request per line, `hash_ids` per `block_tokens`
+    /// tokens; multi-turn sessions with `session_id` and `delay`.
+    Mooncake,
+    /// Azure LLM inference trace CSV (2023, 2024): `TIMESTAMP`,
+    /// `ContextTokens`, `GeneratedTokens`.
+    Azure,
+    /// pdsim's replay trace (docs/oracle.md): `requests` with `session`s.
+    Pdsim,
+}
+
+/// A trace to replay, and how.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSource {
+    /// The trace file (relative to the scenario file).
+    pub file: String,
+    /// Its format; guessed from the content when not given.
+    #[serde(default)]
+    pub format: Option<TraceFormat>,
+    /// Prompt tokens per hash id (Mooncake). Default 512, as in the release.
+    #[serde(default = "default_block_tokens")]
+    pub block_tokens: u32,
+    /// Replay k× faster: arrival times and think times divided by k.
+    #[serde(default = "default_one")]
+    pub speedup: f64,
+    /// k× the arrival rate: arrival times (first turns) divided by k, think
+    /// times kept.
+    #[serde(default = "default_one")]
+    pub rate_scale: f64,
+    /// Keep only the requests (sessions, by their first turn) that arrive
+    /// within [start, end) seconds of the trace's own clock; times then
+    /// count from `start`.
+    #[serde(default)]
+    pub window: Option<(f64, f64)>,
+    /// Keep only the first N requests of the file (after the window).
+    #[serde(default)]
+    pub max_requests: Option<u64>,
+}
+
+impl TraceSource {
+    /// `file`, read with the default options.
+    pub fn file(file: impl Into<String>) -> TraceSource {
+        TraceSource {
+            file: file.into(),
+            format: None,
+            block_tokens: default_block_tokens(),
+            speedup: 1.0,
+            rate_scale: 1.0,
+            window: None,
+            max_requests: None,
+        }
+    }
+}
+
+fn default_block_tokens() -> u32 {
+    512
+}
+fn default_one() -> f64 {
+    1.0
 }
 
 /// One role's instances (all prefillers, or all decoders).

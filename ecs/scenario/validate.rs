@@ -6,16 +6,19 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override};
+use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override, workload};
 
-/// Script paths written in a file are relative to that file's folder.
-pub(crate) fn resolve_script_paths(raw: &mut RawScenario, dir: &Path) {
+/// Script and trace paths written in a file are relative to that file's folder.
+pub(crate) fn resolve_paths(raw: &mut RawScenario, dir: &Path) {
     let fix = |s: &mut String| {
         let p = Path::new(s.as_str());
         if !s.is_empty() && p.is_relative() {
             *s = dir.join(p).to_string_lossy().into_owned();
         }
     };
+    if let Some(t) = &mut raw.workload.trace {
+        fix(&mut t.file);
+    }
     let r = &mut raw.router;
     r.plugins.values_mut().for_each(|p| fix(&mut p.script));
     fix(&mut r.decider.script);
@@ -98,7 +101,7 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
 /// Checks every number a run depends on; refuses impossible scenarios with
 /// a sentence saying why.
 pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
-    let mut problems = Vec::new();
+    let mut problems = workload::problems(&raw.workload);
     let mut need = |ok: bool, msg: String| {
         if !ok {
             problems.push(msg);
@@ -119,49 +122,6 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
         format!(
             "warmup must be at least 0 and below the horizon ({}), got {}",
             raw.horizon, raw.warmup
-        ),
-    );
-    let w = &raw.workload;
-    need(
-        finite_pos(w.session_rate),
-        format!(
-            "workload.session_rate must be positive, got {}",
-            w.session_rate
-        ),
-    );
-    let (lo, hi) = w.first_turn_tokens;
-    need(
-        lo.is_finite() && hi.is_finite() && lo >= 0.0 && lo <= hi,
-        format!(
-            "workload.first_turn_tokens must be (min, max) with 0 <= min <= max, got ({lo}, {hi})"
-        ),
-    );
-    need(
-        finite_pos(w.later_turn_tokens_mean),
-        format!(
-            "workload.later_turn_tokens_mean must be positive, got {}",
-            w.later_turn_tokens_mean
-        ),
-    );
-    need(
-        finite_pos(w.output_tokens_mean),
-        format!(
-            "workload.output_tokens_mean must be positive, got {}",
-            w.output_tokens_mean
-        ),
-    );
-    need(
-        (0.0..=1.0).contains(&w.continue_probability),
-        format!(
-            "workload.continue_probability must be within [0, 1], got {}",
-            w.continue_probability
-        ),
-    );
-    need(
-        finite_pos(w.tool_time_mean),
-        format!(
-            "workload.tool_time_mean must be positive, got {}",
-            w.tool_time_mean
         ),
     );
     let mut nic_rates = [0.0; 2];
@@ -285,11 +245,13 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
         );
         last_at = p.at;
         for (path, value) in &p.set {
-            if !(path.starts_with("router.") || path.starts_with("workload.")) {
+            if !(path.starts_with("router.") || path.starts_with("workload."))
+                || path.starts_with("workload.trace")
+            {
                 need(
                     false,
                     format!(
-                        "phases.{i}: `{path}` cannot change during a run (a phase may change router.* and workload.*)"
+                        "phases.{i}: `{path}` cannot change during a run (a phase may change router.* and the synthetic workload.*)"
                     ),
                 );
                 continue;

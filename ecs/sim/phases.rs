@@ -42,7 +42,7 @@ pub fn phase_system(
             status.error = Some(e);
             return;
         }
-        workload.params = raw.workload.clone();
+        workload.params = scenario::Sessions::of(&raw.workload);
         current.0 = raw;
         phase.0 = i + 1;
     }

@@ -7,8 +7,8 @@
 use bevy_ecs::prelude::*;
 
 use crate::engine::record::FinishedRequests;
-use crate::engine::{Engine, Request};
-use crate::metrics::Metrics;
+use crate::engine::{Engine, NextTurn, Request};
+use crate::metrics::{Counters, Metrics};
 use crate::router::Router;
 use crate::shared::{Agenda, Clock, Event, Finished};
 
@@ -21,6 +21,7 @@ pub fn retire_system(
     reqs: Query<&Request>,
     engines: Query<&Engine>,
     mut metrics: ResMut<Metrics>,
+    mut counters: ResMut<Counters>,
     mut router: NonSendMut<Router>,
     mut agenda: ResMut<Agenda>,
     mut record: Option<ResMut<FinishedRequests>>,
@@ -36,10 +37,17 @@ pub fn retire_system(
             "finished"
         );
         metrics.request_finished(r);
+        counters.finished(r.output);
         let decoder = engines.get(r.decoder.expect("routed")).expect("decoder");
         router.book.decode_finished(decoder.index, r.prompt);
-        if let (Some(session), Some(delay)) = (r.session, r.next_turn_in) {
-            agenda.schedule(now + delay, Event::NextTurn(session));
+        match r.next_turn {
+            Some(NextTurn::Session { session, after }) => {
+                agenda.schedule(now + after, Event::NextTurn(session));
+            }
+            Some(NextTurn::Trace { index, after }) => {
+                agenda.schedule(now + after, Event::TraceArrival(index));
+            }
+            None => {}
         }
         if let Some(f) = record.as_deref_mut() {
             f.0.push(r.clone());

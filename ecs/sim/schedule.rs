@@ -13,7 +13,7 @@ use crate::engine::{BlockPool, Engine, KvPool, Role};
 use crate::error::Result;
 use crate::metrics::figures::{SeriesRecorder, series_system};
 use crate::metrics::gauges::observe_system;
-use crate::metrics::{Gauges, Metrics, Report};
+use crate::metrics::{Counters, Gauges, Metrics, Report};
 use crate::router::book::RouterBook;
 use crate::router::gateway::routing_system;
 use crate::router::policy::Policies;
@@ -29,7 +29,7 @@ use crate::sim::retire::retire_system;
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
 use crate::transfer::{Flows, Nic};
-use crate::workload::{TraceRequest, WorkloadState, workload_system};
+use crate::workload::{self, TraceRequest, WorkloadState, workload_system};
 
 /// A simulation ready to run: the world and the tick schedule.
 pub struct Sim {
@@ -40,12 +40,22 @@ pub struct Sim {
 
 impl Sim {
     /// Builds the world of a scenario: engines with their pools and NICs,
-    /// the router with its compiled scripts, the workload.
+    /// the router with its compiled scripts, the workload (its trace read,
+    /// when it names one).
     pub fn new(scenario: &Scenario) -> Result<Sim> {
         let raw = &scenario.raw;
         let router = scenario::expand_plugins(&raw.router)?;
         let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
-        Self::build(scenario, RouterMode::Scripts(Box::new(policies)), None)
+        let router = RouterMode::Scripts(Box::new(policies));
+        match &raw.workload.trace {
+            None => Self::build(scenario, router, None),
+            Some(source) => {
+                let trace = workload::trace::load(source)?;
+                let mut sim = Self::build(scenario, router, Some(trace.requests))?;
+                sim.world.insert_resource(trace.summary);
+                Ok(sim)
+            }
+        }
     }
 
     /// Builds a simulation fed by an explicit trace instead of sessions.
@@ -96,15 +106,18 @@ impl Sim {
         }
         let mut agenda = Agenda::default();
         let mut workload = WorkloadState::new(
-            raw.workload.clone(),
+            scenario::Sessions::of(&raw.workload),
             raw.decode.engine.max_model_len,
             raw.seed,
             raw.warmup,
         );
         match trace {
             Some(t) => {
+                // Closed-loop turns are booked when their previous turn ends.
                 for (i, r) in t.iter().enumerate() {
-                    agenda.schedule(r.arrival, Event::TraceArrival(i as u32));
+                    if let Some(at) = r.arrival {
+                        agenda.schedule(at, Event::TraceArrival(i as u32));
+                    }
                 }
                 workload.trace = t;
             }
@@ -143,6 +156,7 @@ impl Sim {
         world.insert_resource(StepScratch::default());
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1));
+        world.insert_resource(Counters::default());
         world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
 
         let mut schedule = Schedule::default();

@@ -39,6 +39,8 @@ pub struct Lease {
 pub struct Flow {
     pub request: Entity,
     pub links: [u32; 2],
+    /// Tokens it moves in all.
+    pub tokens: u32,
     /// Tokens left as of `updated`.
     pub remaining: f64,
     pub rate: f64,
@@ -62,6 +64,9 @@ pub struct Flows {
     pub changed: bool,
     /// Bumped at each recomputation: older FlowDone events are stale.
     pub generation: u64,
+    /// Transfers completed so far, and the tokens they moved.
+    pub completed: u64,
+    pub completed_tokens: u64,
     pub(crate) sharing_state: FlowSharing,
     pub(crate) scratch_links: Vec<[u32; 2]>,
     pub(crate) scratch_rates: Vec<f64>,
@@ -85,6 +90,8 @@ impl Flows {
             per_link: vec![0; n],
             changed: false,
             generation: 0,
+            completed: 0,
+            completed_tokens: 0,
             sharing_state: FlowSharing::new(),
             scratch_links: Vec::new(),
             scratch_rates: Vec::new(),
@@ -103,6 +110,7 @@ impl Flows {
         let flow = Flow {
             request,
             links,
+            tokens,
             remaining: tokens as f64,
             rate: 0.0,
             updated: now,

@@ -38,6 +38,8 @@ pub fn transfer_system(
             for l in flow.links {
                 flows.per_link[l as usize] -= 1;
             }
+            flows.completed += 1;
+            flows.completed_tokens += flow.tokens as u64;
             complete(
                 flow.request,
                 now,

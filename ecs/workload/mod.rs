@@ -4,28 +4,28 @@
 //! | file | what |
 //! |---|---|
 //! | [`sessions`] | a session's context and its own random stream; one turn's draws |
-//! | [`trace`] | requests given explicitly |
+//! | [`trace`] | requests given explicitly: trace files (Mooncake, Azure, pdsim), block identity from hash ids |
 
 use bevy_ecs::prelude::*;
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use crate::engine::Request;
-use crate::metrics::Metrics;
-use crate::scenario::Workload;
+use crate::engine::{BlockPath, NextTurn, Request};
+use crate::metrics::{Counters, Metrics};
+use crate::scenario::Sessions;
 use crate::shared::{Agenda, Clock, Event, Gateway, PhaseIndex, TickEvents};
 
 pub mod sessions;
 pub mod trace;
 
 pub use sessions::{Session, Turn, mix};
-pub use trace::TraceRequest;
+pub use trace::{LONE_STREAMS, Trace, TraceRequest};
 
-/// Workload state: the arrival stream, counters, and the current parameters
-/// (a phase may change them).
+/// Workload state: the arrival stream, the current session parameters (a
+/// phase may change them), the trace being replayed.
 #[derive(Resource)]
 pub struct WorkloadState {
-    pub params: Workload,
+    pub params: Sessions,
     pub max_model_len: u32,
     pub seed: u64,
     pub warmup: f64,
@@ -35,11 +35,8 @@ pub struct WorkloadState {
     pub trace: Vec<TraceRequest>,
 }
 
-/// Stream ids of trace requests without a stream start here, far from sessions.
-const LONE_STREAM_BASE: u64 = 1 << 40;
-
 impl WorkloadState {
-    pub fn new(params: Workload, max_model_len: u32, seed: u64, warmup: f64) -> Self {
+    pub fn new(params: Sessions, max_model_len: u32, seed: u64, warmup: f64) -> Self {
         WorkloadState {
             params,
             max_model_len,
@@ -60,7 +57,8 @@ impl WorkloadState {
     }
 }
 
-/// System: new sessions and next turns issue requests to the gateway.
+/// System: new sessions, sessions back from a tool call, and trace requests
+/// due now issue their requests to the gateway.
 #[allow(clippy::too_many_arguments)]
 pub fn workload_system(
     mut commands: Commands,
@@ -72,27 +70,27 @@ pub fn workload_system(
     mut agenda: ResMut<Agenda>,
     mut gateway: ResMut<Gateway>,
     mut metrics: ResMut<Metrics>,
+    mut counters: ResMut<Counters>,
 ) {
     let now = clock.now;
     let state = &mut *state;
+    let mut issue = Issue {
+        commands: &mut commands,
+        gateway: &mut gateway,
+        metrics: &mut metrics,
+        counters: &mut counters,
+        now,
+        phase: phase.0,
+    };
     for _ in 0..events.session_arrivals {
         let id = state.next_session;
         state.next_session += 1;
-        let mut session = Session::new(id, state.seed);
-        let entity = commands.spawn_empty().id();
-        if issue_turn(
-            &mut commands,
-            entity,
-            &mut session,
-            state,
-            now,
-            phase.0,
-            &mut gateway,
-            &mut metrics,
-        ) {
-            commands.entity(entity).insert(session);
+        let mut session = Session::new(id, state.seed, &state.params);
+        let entity = issue.commands.spawn_empty().id();
+        if issue.turn(entity, &mut session, state) {
+            issue.commands.entity(entity).insert(session);
         } else {
-            commands.entity(entity).despawn();
+            issue.commands.entity(entity).despawn();
         }
         let gap = state.next_arrival_gap();
         agenda.schedule(now + gap, Event::SessionArrival);
@@ -101,70 +99,99 @@ pub fn workload_system(
         let mut session = sessions
             .get_mut(entity)
             .expect("a continuing session exists");
-        if !issue_turn(
-            &mut commands,
-            entity,
-            &mut session,
-            state,
-            now,
-            phase.0,
-            &mut gateway,
-            &mut metrics,
-        ) {
-            commands.entity(entity).despawn();
+        if !issue.turn(entity, &mut session, state) {
+            issue.commands.entity(entity).despawn();
         }
     }
     for &i in &events.trace_arrivals {
-        let t = &state.trace[i as usize];
-        let stream = t.stream.unwrap_or(LONE_STREAM_BASE + i as u64);
-        let mut r = Request::new(i as u64, stream, t.prompt, t.output, now);
-        r.phase = phase.0;
-        r.trace_remote = t.remote;
-        let id = commands.spawn(r).id();
-        gateway.queue.push(id);
+        issue.trace_request(i, state);
     }
 }
 
-/// Draws a session's turn; issues its request, or ends the session when the
-/// prompt reaches `max_model_len` (counted as too long). Returns whether the
-/// session lives on (it has a later turn).
-#[allow(clippy::too_many_arguments)]
-fn issue_turn(
-    commands: &mut Commands,
-    entity: Entity,
-    session: &mut Session,
-    state: &mut WorkloadState,
+/// What issuing a request touches.
+struct Issue<'a, 'w, 's> {
+    commands: &'a mut Commands<'w, 's>,
+    gateway: &'a mut Gateway,
+    metrics: &'a mut Metrics,
+    counters: &'a mut Counters,
     now: f64,
     phase: u32,
-    gateway: &mut Gateway,
-    metrics: &mut Metrics,
-) -> bool {
-    let turn = session.draw_turn(&state.params);
-    let prompt = session.context as u64 + turn.new_tokens as u64;
-    let counted = now >= state.warmup;
-    if prompt >= state.max_model_len as u64 {
-        if counted {
-            metrics.turn(phase, true);
+}
+
+impl Issue<'_, '_, '_> {
+    /// A turn with this prompt arrives: counted, and refused when the
+    /// prompt reaches `max_model_len` (vLLM refuses it: MODEL.md §3).
+    /// Returns whether it goes on to the gateway.
+    fn arrives(&mut self, prompt: u64, state: &WorkloadState) -> bool {
+        let too_long = prompt >= state.max_model_len as u64;
+        self.counters.arrived(prompt, too_long);
+        if self.now >= state.warmup {
+            self.metrics.turn(self.phase, too_long);
         }
-        return false;
+        !too_long
     }
-    if counted {
-        metrics.turn(phase, false);
+
+    fn send(&mut self, r: Request) {
+        let id = self.commands.spawn(r).id();
+        self.gateway.queue.push(id);
     }
-    let prompt = prompt as u32;
-    let output = turn.output.min(state.max_model_len - prompt);
-    session.context = prompt + output;
-    let mut r = Request::new(state.next_request, session.id, prompt, output, now);
-    state.next_request += 1;
-    r.session = Some(entity);
-    r.turn = session.turns - 1;
-    r.phase = phase;
-    r.new_tokens = turn.new_tokens;
-    r.next_turn_in = turn.continues.then_some(turn.tool_time);
-    if !turn.continues {
-        r.session = None;
+
+    /// Draws a session's turn; issues its request, or ends the session when
+    /// the prompt is too long. Returns whether the session lives on (it has
+    /// a later turn).
+    fn turn(&mut self, entity: Entity, session: &mut Session, state: &mut WorkloadState) -> bool {
+        let turn = session.draw_turn(&state.params);
+        let prompt = session.context as u64 + turn.new_tokens as u64;
+        if !self.arrives(prompt, state) {
+            return false;
+        }
+        let prompt = prompt as u32;
+        let output = turn.output.min(state.max_model_len - prompt);
+        session.context = prompt + output;
+        let mut r = Request::new(
+            state.next_request,
+            session.id,
+            session.path.clone(),
+            prompt,
+            output,
+            self.now,
+        );
+        state.next_request += 1;
+        r.turn = session.turns - 1;
+        r.phase = self.phase;
+        r.new_tokens = turn.new_tokens;
+        r.next_turn = turn.continues.then_some(NextTurn::Session {
+            session: entity,
+            after: turn.tool_time,
+        });
+        self.send(r);
+        turn.continues
     }
-    let id = commands.spawn(r).id();
-    gateway.queue.push(id);
-    turn.continues
+
+    /// Trace request `i` is due: it goes to the gateway (its output cut at
+    /// `max_model_len`), with its session's next turn to follow.
+    fn trace_request(&mut self, i: u32, state: &WorkloadState) {
+        let t = &state.trace[i as usize];
+        if !self.arrives(t.prompt as u64, state) {
+            return; // refused: its session ends here
+        }
+        let lone = LONE_STREAMS + i as u64;
+        let path = t.path.clone().unwrap_or_else(|| BlockPath::stream(lone));
+        let output = t.output.min(state.max_model_len - t.prompt);
+        let mut r = Request::new(
+            i as u64,
+            t.session.unwrap_or(lone),
+            path,
+            t.prompt,
+            output,
+            self.now,
+        );
+        r.phase = self.phase;
+        r.trace_remote = t.remote;
+        r.next_turn = t.next.map(|j| NextTurn::Trace {
+            index: j,
+            after: state.trace[j as usize].delay,
+        });
+        self.send(r);
+    }
 }

@@ -3,10 +3,15 @@
 
 use bevy_ecs::prelude::*;
 use rand::SeedableRng;
-use rand_distr::{Bernoulli, Distribution, Exp, Uniform};
+use rand_distr::{Bernoulli, Distribution, Exp, Uniform, Zipf};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
-use crate::scenario::Workload;
+use crate::engine::{BlockPath, Segment};
+use crate::scenario::Sessions;
+
+/// Stream ids of the shared system prompts (prompt `k` is `BASE + k`), far
+/// from the sessions' own (their ids).
+pub const SYSTEM_PROMPT_STREAMS: u64 = 1 << 41;
 
 /// splitmix64: derives independent stream seeds from (run seed, stream id).
 pub fn mix(seed: u64, stream: u64) -> u64 {
@@ -25,6 +30,8 @@ pub struct Session {
     /// K: tokens of context so far.
     pub context: u32,
     pub turns: u32,
+    /// Its tokens' identity: its own stream, after its system prompt's.
+    pub path: BlockPath,
 }
 
 /// One turn's draws. All four are drawn every turn, in this order, so a
@@ -37,21 +44,48 @@ pub struct Turn {
     pub tool_time: f64,
 }
 
+/// Keeps the system-prompt draws apart from the sessions' own streams.
+const PROMPT_SALT: u64 = 0x5157_E3F0_0D5A_17ED;
+
 fn whole(x: f64) -> u32 {
     x.round().max(1.0) as u32
 }
 
 impl Session {
-    pub fn new(id: u64, run_seed: u64) -> Session {
+    /// Session `id` of a run with seed `run_seed`. With shared system
+    /// prompts its context starts with one, drawn from a stream of its own
+    /// (so its turns draw the same numbers with and without them).
+    pub fn new(id: u64, run_seed: u64, w: &Sessions) -> Session {
+        let (context, path) = match &w.system_prompts {
+            None => (0, BlockPath::stream(id)),
+            Some(p) => {
+                let mut rng = Xoshiro256PlusPlus::seed_from_u64(mix(run_seed ^ PROMPT_SALT, id));
+                let k = Zipf::new(p.count as f64, p.zipf)
+                    .expect("validated")
+                    .sample(&mut rng) as u64;
+                let path = BlockPath::new(vec![
+                    Segment {
+                        stream: SYSTEM_PROMPT_STREAMS + k,
+                        start: 0,
+                    },
+                    Segment {
+                        stream: id,
+                        start: p.tokens,
+                    },
+                ]);
+                (p.tokens, path)
+            }
+        };
         Session {
             id,
             rng: Xoshiro256PlusPlus::seed_from_u64(mix(run_seed, id)),
-            context: 0,
+            context,
             turns: 0,
+            path,
         }
     }
 
-    pub fn draw_turn(&mut self, w: &Workload) -> Turn {
+    pub fn draw_turn(&mut self, w: &Sessions) -> Turn {
         let n = if self.turns == 0 {
             let (lo, hi) = w.first_turn_tokens;
             Uniform::new_inclusive(lo, hi)
@@ -86,22 +120,15 @@ impl Session {
 mod tests {
     use super::*;
 
-    fn w() -> Workload {
-        Workload {
-            session_rate: 0.6,
-            first_turn_tokens: (1000.0, 3000.0),
-            later_turn_tokens_mean: 500.0,
-            output_tokens_mean: 200.0,
-            continue_probability: 0.9,
-            tool_time_mean: 3.0,
-        }
+    fn w() -> Sessions {
+        Sessions::of(&Default::default())
     }
 
     #[test]
     fn a_session_stream_depends_only_on_seed_and_id() {
-        let mut a = Session::new(5, 1);
-        let mut b = Session::new(5, 1);
-        let mut c = Session::new(6, 1);
+        let mut a = Session::new(5, 1, &w());
+        let mut b = Session::new(5, 1, &w());
+        let mut c = Session::new(6, 1, &w());
         let ta = a.draw_turn(&w());
         assert_eq!(ta, b.draw_turn(&w()));
         assert_ne!(ta, c.draw_turn(&w()));
@@ -115,7 +142,7 @@ mod tests {
         let (mut n_sum, mut o_sum, mut cont, mut tool) = (0.0, 0.0, 0.0, 0.0);
         let k = 20_000;
         for id in 0..k {
-            let mut s = Session::new(id, 3);
+            let mut s = Session::new(id, 3, &w());
             s.draw_turn(&w());
             let t = s.draw_turn(&w()); // a later turn
             n_sum += t.new_tokens as f64;
@@ -132,5 +159,34 @@ mod tests {
         assert!((o_sum / k - 201.0).abs() < 6.0, "output mean {}", o_sum / k);
         assert!((cont / k - 0.9).abs() < 0.01, "continue {}", cont / k);
         assert!((tool / k - 3.0).abs() < 0.1, "tool {}", tool / k);
+    }
+
+    #[test]
+    fn system_prompts_follow_a_zipf_law_and_do_not_move_the_turns() {
+        // 4 prompts of 100 tokens, Zipf exponent 1: prompt k with
+        // probability (1/k) / (1 + 1/2 + 1/3 + 1/4) = (1/k) / 2.0833.
+        let mut shared = w();
+        shared.system_prompts = Some(crate::scenario::SystemPrompts {
+            count: 4,
+            tokens: 100,
+            zipf: 1.0,
+        });
+        let n = 20_000;
+        let mut counts = [0u32; 4];
+        for id in 0..n {
+            let mut s = Session::new(id, 7, &shared);
+            assert_eq!(s.context, 100);
+            let seg = s.path.segments();
+            assert_eq!((seg[1].stream, seg[1].start), (id, 100));
+            counts[(seg[0].stream - SYSTEM_PROMPT_STREAMS - 1) as usize] += 1;
+            // The turns draw what they draw without a system prompt.
+            let mut plain = Session::new(id, 7, &w());
+            assert_eq!(s.draw_turn(&shared), plain.draw_turn(&w()));
+        }
+        for (k, &c) in counts.iter().enumerate() {
+            let p = 1.0 / (k as f64 + 1.0) / (1.0 + 0.5 + 1.0 / 3.0 + 0.25);
+            let got = c as f64 / n as f64;
+            assert!((got - p).abs() < 0.015, "prompt {}: {got} vs {p}", k + 1);
+        }
     }
 }

@@ -37,12 +37,8 @@ pub fn req(
     remote: bool,
 ) -> TraceRequest {
     TraceRequest {
-        name: String::new(),
-        arrival,
-        prompt,
-        output,
-        stream,
         remote,
+        ..TraceRequest::at(arrival, prompt, output, stream)
     }
 }
 

@@ -17,9 +17,14 @@
 
 use bevy_ecs::prelude::*;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use crate::scenario::{EngineConfig, EngineSemantics};
+
+mod free_queue;
+pub mod identity;
+
+pub use identity::{BlockKey, BlockPath, KeyHasher, Run, Segment};
 
 /// An instance's KV pool (blocks, prefix cache, LRU), as a component.
 #[derive(Component, Debug)]
@@ -27,15 +32,7 @@ pub struct KvPool(pub BlockPool);
 
 pub type BlockId = u32;
 
-/// Identity of a full block's content: block `index` of token stream `stream`
-/// (for the synthetic workload the stream is the session: MODEL.md §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BlockKey {
-    pub stream: u64,
-    pub index: u32,
-}
-
-const NONE: u32 = u32::MAX;
+pub(crate) const NONE: u32 = u32::MAX;
 
 #[derive(Clone, Debug)]
 struct Block {
@@ -45,28 +42,6 @@ struct Block {
     prev: u32,
     next: u32,
     in_queue: bool,
-}
-
-/// Multiplicative hasher for block keys: the default SipHash is several times
-/// slower and this map is on the admission path.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
 }
 
 /// The prefix-cache index: per stream, the block holding each of its block
@@ -178,59 +153,74 @@ impl BlockPool {
         s.at.get(key.index as usize).copied().filter(|&b| b != NONE)
     }
 
-    /// The blocks holding the first `n` blocks of `stream` (all cached).
-    fn prefix(&self, stream: u64, n: u32) -> &[BlockId] {
-        if n == 0 {
-            return &[];
-        }
-        &self.cached[&stream].at[..n as usize]
-    }
     pub fn ref_count(&self, id: BlockId) -> u32 {
         self.blocks[id as usize].ref_cnt
     }
 
-    /// `cachedin`: the number of leading blocks of `stream` the pool has
-    /// cached (held or free cached), looking at no more than `max_blocks`.
-    pub fn cached_prefix_blocks(&self, stream: u64, max_blocks: u32) -> u32 {
-        let Some(s) = self.cached.get(&stream) else {
-            return 0;
-        };
-        debug_assert_eq!(
-            s.leading as usize,
-            s.at.iter().take_while(|&&b| b != NONE).count()
-        );
-        s.leading.min(max_blocks)
+    /// The cached blocks of `stream` from its first one, without a gap.
+    fn leading(&self, stream: u64) -> u32 {
+        self.cached.get(&stream).map_or(0, |s| {
+            debug_assert_eq!(
+                s.leading as usize,
+                s.at.iter().take_while(|&&b| b != NONE).count()
+            );
+            s.leading
+        })
     }
 
-    /// How many of the first `n` cached blocks of `stream` sit in the free
-    /// queue: a hit on them takes them out of it, so they do not count as
-    /// room for new blocks.
-    pub fn free_among_prefix(&self, stream: u64, n: u32) -> u32 {
-        self.prefix(stream, n)
-            .iter()
-            .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
-            .count() as u32
+    /// `cachedin`: the number of leading blocks of the request's `path` the
+    /// pool has cached (held or free cached), looking at no more than
+    /// `max_blocks`.
+    pub fn cached_prefix_blocks(&self, path: &BlockPath, max_blocks: u32) -> u32 {
+        let mut hit = 0;
+        for run in path.runs(self.block_size, max_blocks) {
+            let lead = self.leading(run.stream);
+            if lead < run.count {
+                return run.first + lead;
+            }
+            hit = run.first + run.count;
+        }
+        hit
+    }
+
+    /// How many of the first `n` blocks of `path` (all cached) sit in the
+    /// free queue: a hit on them takes them out of it, so they do not count
+    /// as room for new blocks.
+    pub fn free_among_prefix(&self, path: &BlockPath, n: u32) -> u32 {
+        path.runs(self.block_size, n)
+            .map(|run| {
+                self.cached[&run.stream].at[..run.count as usize]
+                    .iter()
+                    .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
+                    .count() as u32
+            })
+            .sum()
     }
 
     /// Whether `new_blocks` fresh blocks can be allocated after a hit on the
-    /// first `hit_blocks` cached blocks of `stream`.
-    pub fn can_allocate_after_hit(&self, stream: u64, hit_blocks: u32, new_blocks: u32) -> bool {
-        new_blocks + self.free_among_prefix(stream, hit_blocks) <= self.num_free
+    /// first `hit_blocks` cached blocks of `path`.
+    pub fn can_allocate_after_hit(
+        &self,
+        path: &BlockPath,
+        hit_blocks: u32,
+        new_blocks: u32,
+    ) -> bool {
+        new_blocks + self.free_among_prefix(path, hit_blocks) <= self.num_free
     }
 
-    /// Takes a reference on each of the first `n` cached blocks of `stream`
-    /// (which must be cached) and appends them to `table`.
-    pub fn touch_prefix(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
-        if n == 0 {
-            return;
+    /// Takes a reference on each of the first `n` blocks of `path` (which
+    /// must be cached) and appends them to `table`.
+    pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
+        for run in path.runs(self.block_size, n) {
+            // Borrow the stream's index out of the map while taking references.
+            let entry = self.cached.get_mut(&run.stream).expect("cached stream");
+            let at = std::mem::take(&mut entry.at);
+            for &id in &at[..run.count as usize] {
+                self.take_ref(id);
+                table.push(id);
+            }
+            self.cached.get_mut(&run.stream).expect("cached stream").at = at;
         }
-        // Borrow the index out of the map while taking references.
-        let at = std::mem::take(&mut self.cached.get_mut(&stream).expect("cached stream").at);
-        for &id in &at[..n as usize] {
-            self.take_ref(id);
-            table.push(id);
-        }
-        self.cached.get_mut(&stream).expect("cached stream").at = at;
     }
 
     fn take_ref(&mut self, id: BlockId) {
@@ -394,73 +384,6 @@ impl BlockPool {
             }
         }
     }
-
-    fn push_front(&mut self, id: BlockId) {
-        let head = self.head;
-        {
-            let b = &mut self.blocks[id as usize];
-            b.prev = NONE;
-            b.next = head;
-            b.in_queue = true;
-        }
-        if head == NONE {
-            self.tail = id;
-        } else {
-            self.blocks[head as usize].prev = id;
-        }
-        self.head = id;
-        self.num_free += 1;
-    }
-
-    fn unlink(&mut self, id: BlockId) {
-        let (prev, next) = {
-            let b = &self.blocks[id as usize];
-            (b.prev, b.next)
-        };
-        if prev == NONE {
-            self.head = next;
-        } else {
-            self.blocks[prev as usize].next = next;
-        }
-        if next == NONE {
-            self.tail = prev;
-        } else {
-            self.blocks[next as usize].prev = prev;
-        }
-        let b = &mut self.blocks[id as usize];
-        b.prev = NONE;
-        b.next = NONE;
-        b.in_queue = false;
-        self.num_free -= 1;
-    }
-
-    fn push_back(&mut self, id: BlockId) {
-        let tail = self.tail;
-        {
-            let b = &mut self.blocks[id as usize];
-            b.prev = tail;
-            b.next = NONE;
-            b.in_queue = true;
-        }
-        if tail == NONE {
-            self.head = id;
-        } else {
-            self.blocks[tail as usize].next = id;
-        }
-        self.tail = id;
-        self.num_free += 1;
-    }
-
-    /// The free queue from front (next evicted) to back, for tests.
-    pub fn free_queue(&self) -> Vec<BlockId> {
-        let mut out = Vec::new();
-        let mut id = self.head;
-        while id != NONE {
-            out.push(id);
-            id = self.blocks[id as usize].next;
-        }
-        out
-    }
 }
 
 /// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
@@ -516,13 +439,13 @@ mod tests {
             pool.cache_block(b, key(7, i as u32));
         }
         pool.free(&t);
-        assert_eq!(pool.cached_prefix_blocks(7, 10), 3);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(7), 10), 3);
         assert_eq!(pool.num_free_cached(), 3);
         // One new block evicts (7,2): the prefix shrinks to 2 blocks, not 0.
         let mut u = Vec::new();
         pool.allocate(1, &mut u);
         assert_eq!(u, vec![2]);
-        assert_eq!(pool.cached_prefix_blocks(7, 10), 2);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(7), 10), 2);
         assert!(!pool.is_cached(key(7, 2)));
     }
 
@@ -536,16 +459,16 @@ mod tests {
         pool.free(&t);
         // Queue: 2, 3, 1, 0. Hitting both cached blocks leaves 2 free blocks,
         // so 2 more fit but 3 do not.
-        assert!(pool.can_allocate_after_hit(1, 2, 2));
-        assert!(!pool.can_allocate_after_hit(1, 2, 3));
+        assert!(pool.can_allocate_after_hit(&BlockPath::stream(1), 2, 2));
+        assert!(!pool.can_allocate_after_hit(&BlockPath::stream(1), 2, 3));
         let mut table = Vec::new();
-        pool.touch_prefix(1, 2, &mut table);
+        pool.touch_prefix(&BlockPath::stream(1), 2, &mut table);
         assert_eq!(table, vec![0, 1]);
         assert_eq!(pool.free_queue(), vec![2, 3]);
         assert_eq!(pool.ref_count(0), 1);
         // A second holder shares the blocks: reference counts go to 2.
         let mut other = Vec::new();
-        pool.touch_prefix(1, 1, &mut other);
+        pool.touch_prefix(&BlockPath::stream(1), 1, &mut other);
         assert_eq!(pool.ref_count(0), 2);
         pool.free(&other);
         assert_eq!(pool.ref_count(0), 1);
@@ -566,7 +489,7 @@ mod tests {
         pool.allocate(1, &mut c);
         assert_eq!(c, a);
         assert!(pool.is_cached(key(3, 0)));
-        assert_eq!(pool.cached_prefix_blocks(3, 5), 1);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(3), 5), 1);
         assert_eq!(pool.num_free_cached(), 0);
         pool.free(&b);
         assert_eq!(pool.num_free_cached(), 1);
@@ -621,7 +544,7 @@ mod tests {
         pool.cache_block(b[0], key(3, 0));
         // Lookups find the first holder; both keep the identity.
         let mut hit = Vec::new();
-        pool.touch_prefix(3, 1, &mut hit);
+        pool.touch_prefix(&BlockPath::stream(3), 1, &mut hit);
         assert_eq!(hit, a);
         pool.free(&hit);
         pool.free(&a);
@@ -632,9 +555,9 @@ mod tests {
         let mut c = Vec::new();
         pool.allocate(2, &mut c);
         assert_eq!(c, vec![2, a[0]]);
-        assert_eq!(pool.cached_prefix_blocks(3, 1), 1);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(3), 1), 1);
         let mut hit = Vec::new();
-        pool.touch_prefix(3, 1, &mut hit);
+        pool.touch_prefix(&BlockPath::stream(3), 1, &mut hit);
         assert_eq!(hit, b);
         assert_eq!(pool.num_free_cached(), 0);
     }

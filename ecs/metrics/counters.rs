@@ -1,0 +1,39 @@
+//! Counters over the whole run (from t = 0, warm-up included, as vLLM's
+//! Prometheus counters are): what arrived, finished or was refused, and the
+//! tokens involved. Every request is accounted for:
+//! `requests_arrived = requests_finished + requests_too_long + requests_in_flight`.
+
+use bevy_ecs::prelude::*;
+
+/// The counters the workload and the retirement keep (the engines and the
+/// transfers keep theirs, read at the end: [`crate::metrics::Report`]).
+#[derive(Resource, Default, Debug, Clone)]
+pub struct Counters {
+    /// Turns that reached the gateway (too-long ones included).
+    pub requests_arrived: u64,
+    /// Turns refused: prompt ≥ `max_model_len` (MODEL.md §3).
+    pub requests_too_long: u64,
+    pub requests_finished: u64,
+    /// Prompt tokens of the requests that went on to be served.
+    pub prompt_tokens: u64,
+    /// Tokens generated for the requests that finished.
+    pub generated_tokens: u64,
+}
+
+impl Counters {
+    /// A turn arrived with a prompt of `prompt` tokens.
+    pub fn arrived(&mut self, prompt: u64, too_long: bool) {
+        self.requests_arrived += 1;
+        if too_long {
+            self.requests_too_long += 1;
+        } else {
+            self.prompt_tokens += prompt;
+        }
+    }
+
+    /// A request produced its last token: `output` tokens in all.
+    pub fn finished(&mut self, output: u32) {
+        self.requests_finished += 1;
+        self.generated_tokens += output as u64;
+    }
+}

@@ -1,0 +1,338 @@
+//! Requests given explicitly: trace workloads, replays and tests.
+//!
+//! A trace file is read into [`Record`]s (one per request, in file order)
+//! by its format's reader — [`mooncake`], [`azure`], [`pdsim`] — then the
+//! options are applied in this order: the time window, the first-N cut, the
+//! time scaling; then each request gets its block identity ([`BlockPath`]):
+//! Mooncake's `hash_ids` through [`identity::PathBuilder`], a pdsim
+//! session's prompts as one stream, anything else a stream of its own.
+//!
+//! A session's first turn arrives at its timestamp (open loop); a later turn
+//! with a `delay` is issued that long after the session's previous turn
+//! finished (closed loop, as NVIDIA DynoSim reads Mooncake traces).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::engine::BlockPath;
+use crate::error::{Error, Result};
+use crate::metrics::TraceSummary;
+use crate::scenario::{TraceFormat, TraceSource};
+
+pub mod azure;
+pub mod identity;
+pub mod mooncake;
+pub mod pdsim;
+
+/// Stream ids of requests that share nothing, far from every other stream.
+pub const LONE_STREAMS: u64 = 1 << 40;
+
+/// A request given explicitly.
+#[derive(Debug, Clone)]
+pub struct TraceRequest {
+    /// Its id in the trace (replay reports name requests by it).
+    pub name: String,
+    /// When it reaches the gateway; None: a closed-loop turn, issued
+    /// `delay` seconds after its session's previous turn finished.
+    pub arrival: Option<f64>,
+    pub delay: f64,
+    /// Its session's next turn (closed loop), by index in the trace.
+    pub next: Option<u32>,
+    /// The session it belongs to, as policies see it (None: its own).
+    pub session: Option<u64>,
+    pub prompt: u32,
+    pub output: u32,
+    /// The identity of its tokens; None: a stream of its own (shares nothing).
+    pub path: Option<BlockPath>,
+    /// Without a router (direct mode): prefill on prefiller 0?
+    pub remote: bool,
+}
+
+impl TraceRequest {
+    /// A request arriving at `arrival`, on `stream` (None: its own).
+    pub fn at(arrival: f64, prompt: u32, output: u32, stream: Option<u64>) -> TraceRequest {
+        TraceRequest {
+            name: String::new(),
+            arrival: Some(arrival),
+            delay: 0.0,
+            next: None,
+            session: stream,
+            prompt,
+            output,
+            path: stream.map(BlockPath::stream),
+            remote: false,
+        }
+    }
+}
+
+/// One request as a trace file gives it, before the options apply.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// 1-based line of the file (for messages).
+    pub line: usize,
+    pub name: String,
+    pub session: Option<String>,
+    /// Seconds, the trace's own clock.
+    pub timestamp: Option<f64>,
+    /// Seconds after the session's previous turn finished.
+    pub delay: Option<f64>,
+    pub input: u32,
+    pub output: u32,
+    /// Mooncake: one id per `block_tokens` prompt tokens.
+    pub hash_ids: Option<Vec<u64>>,
+}
+
+/// A trace read and prepared for a run.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub requests: Vec<TraceRequest>,
+    pub summary: TraceSummary,
+}
+
+/// Reads the trace of a scenario's workload section, line by line (a
+/// request's hash ids are turned into its identity as it is read, and not
+/// kept).
+pub fn load(source: &TraceSource) -> Result<Trace> {
+    let path = Path::new(&source.file);
+    let file = std::fs::File::open(path)
+        .map_err(|e| Error::new(format!("cannot read trace {}: {e}", path.display())))?;
+    let mut reader = std::io::BufReader::new(file);
+    let format = match source.format {
+        Some(f) => f,
+        None => {
+            let head = peek_line(&mut reader)
+                .map_err(|e| Error::new(format!("cannot read trace {}: {e}", path.display())))?;
+            guess_format(&head).ok_or_else(|| {
+                Error::new(format!(
+                    "{}: cannot tell the trace format (not Mooncake JSONL, Azure CSV or a pdsim trace): \
+                     give workload.trace.format (or --trace-format)",
+                    path.display()
+                ))
+            })?
+        }
+    };
+    let mut prep = Preparer::new(format, source, path);
+    match format {
+        TraceFormat::Mooncake => mooncake::read(reader, path, |r| prep.push(r))?,
+        TraceFormat::Azure => {
+            for r in azure::read(&read_all(reader, path)?, path)? {
+                if !prep.push(r)? {
+                    break;
+                }
+            }
+        }
+        TraceFormat::Pdsim => {
+            for r in pdsim::records(pdsim::read(&read_all(reader, path)?, path)?) {
+                if !prep.push(r)? {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(prep.finish())
+}
+
+/// The first non-empty line, left in the reader's buffer.
+fn peek_line(reader: &mut impl std::io::BufRead) -> std::io::Result<String> {
+    let buf = reader.fill_buf()?;
+    let text = String::from_utf8_lossy(buf);
+    Ok(text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_string())
+}
+
+fn read_all(mut reader: impl std::io::Read, path: &Path) -> Result<String> {
+    let mut text = String::new();
+    reader
+        .read_to_string(&mut text)
+        .map_err(|e| Error::new(format!("cannot read trace {}: {e}", path.display())))?;
+    Ok(text)
+}
+
+/// The format a trace's first line looks like.
+pub fn guess_format(first: &str) -> Option<TraceFormat> {
+    let first = first.trim();
+    if first.starts_with('{') {
+        // Mooncake has a request object per line; a pdsim trace is one
+        // (pretty-printed) object with `config` and `requests`.
+        return if first.contains("\"input_length\"") {
+            Some(TraceFormat::Mooncake)
+        } else {
+            Some(TraceFormat::Pdsim)
+        };
+    }
+    first
+        .split(',')
+        .any(|c| c.trim() == "TIMESTAMP")
+        .then_some(TraceFormat::Azure)
+}
+
+/// Applies the options to records as they are read (the window, the
+/// first-N cut, the time scaling) and gives each request its identity and
+/// its place in its session.
+pub struct Preparer<'a> {
+    format: TraceFormat,
+    source: &'a TraceSource,
+    file: String,
+    builder: identity::PathBuilder,
+    /// Per session: (its id, whether the window keeps it, its last turn kept).
+    sessions: HashMap<String, (u64, bool, Option<usize>)>,
+    out: Vec<TraceRequest>,
+    left_out: u64,
+    cut: bool,
+    input: u64,
+    output: u64,
+    seen: u64,
+    t_min: f64,
+    t_max: f64,
+}
+
+impl<'a> Preparer<'a> {
+    pub fn new(format: TraceFormat, source: &'a TraceSource, path: &Path) -> Preparer<'a> {
+        Preparer {
+            format,
+            source,
+            file: path.display().to_string(),
+            builder: identity::PathBuilder::new(source.block_tokens),
+            sessions: HashMap::new(),
+            out: Vec::new(),
+            left_out: 0,
+            cut: false,
+            input: 0,
+            output: 0,
+            seen: 0,
+            t_min: f64::INFINITY,
+            t_max: f64::NEG_INFINITY,
+        }
+    }
+
+    /// Takes the next record of the file; returns false once the first-N
+    /// cut is reached (nothing more is wanted).
+    pub fn push(&mut self, r: Record) -> Result<bool> {
+        if self
+            .source
+            .max_requests
+            .is_some_and(|n| self.out.len() as u64 >= n)
+        {
+            self.cut = true;
+            return Ok(false);
+        }
+        let i = self.out.len();
+        let lone = LONE_STREAMS + i as u64;
+        let in_window = |t: f64| self.source.window.is_none_or(|(a, b)| (a..b).contains(&t));
+        // A session's first line decides the window for all its turns.
+        let (session, prev) = match &r.session {
+            None => {
+                let t = self.timestamp(&r)?;
+                if !in_window(t) {
+                    self.left_out += 1;
+                    return Ok(true);
+                }
+                (lone, None)
+            }
+            Some(name) => match self.sessions.get(name) {
+                Some(&(_, false, _)) => {
+                    self.left_out += 1;
+                    return Ok(true);
+                }
+                Some(&(id, true, prev)) => (id, prev),
+                None => {
+                    let t = self.timestamp(&r)?;
+                    let keep = in_window(t);
+                    let id = self.sessions.len() as u64;
+                    self.sessions.insert(name.clone(), (id, keep, None));
+                    if !keep {
+                        self.left_out += 1;
+                        return Ok(true);
+                    }
+                    (id, None)
+                }
+            },
+        };
+        // A later turn with a delay waits for the previous turn (closed
+        // loop); one with only a timestamp arrives then.
+        let closed = prev.is_some() && r.delay.is_some();
+        let arrival = if closed {
+            if let Some(p) = prev {
+                self.out[p].next = Some(i as u32);
+            }
+            None
+        } else {
+            let start = self.source.window.map_or(0.0, |w| w.0);
+            let t = (self.timestamp(&r)? - start) / (self.source.speedup * self.source.rate_scale);
+            self.t_min = self.t_min.min(t);
+            self.t_max = self.t_max.max(t);
+            Some(t)
+        };
+        if let Some(name) = &r.session {
+            self.sessions.get_mut(name).expect("inserted above").2 = Some(i);
+        }
+        let path = match (&r.hash_ids, self.format) {
+            (Some(ids), _) => {
+                let (path, seen) = self
+                    .builder
+                    .path(ids, r.input, lone)
+                    .map_err(|e| Error::new(format!("{}:{}: {e}", self.file, r.line)))?;
+                self.seen += seen as u64;
+                Some(path)
+            }
+            (None, TraceFormat::Pdsim) => r.session.as_ref().map(|_| BlockPath::stream(session)),
+            (None, _) => None,
+        };
+        self.input += r.input as u64;
+        self.output += r.output as u64;
+        self.out.push(TraceRequest {
+            name: r.name,
+            arrival,
+            delay: r.delay.unwrap_or(0.0) / self.source.speedup,
+            next: None,
+            session: Some(session),
+            prompt: r.input,
+            output: r.output,
+            path,
+            remote: false,
+        });
+        Ok(true)
+    }
+
+    fn timestamp(&self, r: &Record) -> Result<f64> {
+        r.timestamp.ok_or_else(|| {
+            Error::new(format!(
+                "{}:{}: `timestamp` is missing (a session's first turn, or a request without a session, needs one)",
+                self.file, r.line
+            ))
+        })
+    }
+
+    pub fn finish(self) -> Trace {
+        let n = self.out.len() as u64;
+        let lone = self
+            .out
+            .iter()
+            .filter(|r| r.session >= Some(LONE_STREAMS))
+            .count();
+        let kept_sessions = self.sessions.values().filter(|s| s.1).count();
+        let summary = TraceSummary {
+            file: self.source.file.clone(),
+            format: format!("{:?}", self.format),
+            requests: n,
+            sessions: (kept_sessions + lone) as u64,
+            left_out: self.left_out,
+            cut: self.cut,
+            span: if self.t_max >= self.t_min {
+                self.t_max - self.t_min
+            } else {
+                0.0
+            },
+            mean_input: self.input as f64 / n.max(1) as f64,
+            mean_output: self.output as f64 / n.max(1) as f64,
+            seen_before: self.seen as f64 / self.input.max(1) as f64,
+        };
+        Trace {
+            requests: self.out,
+            summary,
+        }
+    }
+}
