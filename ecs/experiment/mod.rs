@@ -35,7 +35,8 @@
 //! remote fraction (mean of `remote`), mean and p90 TTFT, mean response,
 //! mean lease, and the gauges `prefill_kv_held` (tokens per prefiller),
 //! `prefill_queue` (requests per prefiller) and `kv_usage_max` (the fullest
-//! decoder's held KV fraction). A run with no value (no remote request has
+//! decoder's held KV fraction), and each role's prefix-cache hit rate (hit
+//! tokens ÷ queried tokens, from the counters). A run with no value (no remote request has
 //! no lease) is left out of that metric's statistics; `n` says how many
 //! runs counted.
 //!
@@ -73,4 +74,4 @@ pub use merge::merge;
 pub use outdir::RunDistributions;
 pub use plan::{Manifest, Point, plan, short_names};
 pub use run::{SweepOutcome, sweep};
-pub use summary::{METRICS, Metric, Stats, sig};
+pub use summary::{At, METRICS, Metric, Stats, sig};

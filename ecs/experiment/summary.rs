@@ -19,62 +19,88 @@ pub struct Metric {
     pub key: &'static str,
     /// Its column header in the printed table.
     pub header: &'static str,
+    pub at: At,
+}
+
+/// Where a metric is in a run's report.
+#[derive(Debug, Clone, Copy)]
+pub enum At {
     /// (section, name, field): `observations.ttft.mean`, `gauges.prefill_queue`.
-    pub at: (&'static str, &'static str, Option<&'static str>),
+    Field(&'static str, &'static str, Option<&'static str>),
+    /// The ratio of two counters (None when the second is 0).
+    Ratio(&'static str, &'static str),
 }
 
 /// The headline metrics of a sweep's summary (see the module docs).
-pub const METRICS: [Metric; 8] = [
+pub const METRICS: [Metric; 10] = [
     Metric {
         key: "remote_fraction",
         header: "remote",
-        at: ("observations", "remote", Some("mean")),
+        at: At::Field("observations", "remote", Some("mean")),
     },
     Metric {
         key: "ttft_mean",
         header: "TTFT mean (s)",
-        at: ("observations", "ttft", Some("mean")),
+        at: At::Field("observations", "ttft", Some("mean")),
     },
     Metric {
         key: "ttft_p90",
         header: "TTFT p90 (s)",
-        at: ("observations", "ttft", Some("p90")),
+        at: At::Field("observations", "ttft", Some("p90")),
     },
     Metric {
         key: "response_mean",
         header: "response (s)",
-        at: ("observations", "response", Some("mean")),
+        at: At::Field("observations", "response", Some("mean")),
     },
     Metric {
         key: "lease_mean",
         header: "lease (s)",
-        at: ("observations", "lease", Some("mean")),
+        at: At::Field("observations", "lease", Some("mean")),
     },
     Metric {
         key: "prefill_kv_held",
         header: "P KV held (tok)",
-        at: ("gauges", "prefill_kv_held", None),
+        at: At::Field("gauges", "prefill_kv_held", None),
     },
     Metric {
         key: "prefill_queue",
         header: "P queue",
-        at: ("gauges", "prefill_queue", None),
+        at: At::Field("gauges", "prefill_queue", None),
     },
     Metric {
         key: "kv_usage_max",
         header: "D KV max",
-        at: ("gauges", "kv_usage_max", None),
+        at: At::Field("gauges", "kv_usage_max", None),
+    },
+    Metric {
+        key: "prefill_hit_rate",
+        header: "P hit",
+        at: At::Ratio("prefill_prefix_cache_hits", "prefill_prefix_cache_queries"),
+    },
+    Metric {
+        key: "decode_hit_rate",
+        header: "D hit",
+        at: At::Ratio("decode_prefix_cache_hits", "decode_prefix_cache_queries"),
     },
 ];
 
 impl Metric {
     /// The metric's value in a run's JSON report (None: not observed).
     pub fn of(&self, report: &serde_json::Value) -> Option<f64> {
-        let (section, name, field) = self.at;
-        let v = &report[section][name];
-        match field {
-            Some(f) => v[f].as_f64(),
-            None => v.as_f64(),
+        match self.at {
+            At::Field(section, name, field) => {
+                let v = &report[section][name];
+                match field {
+                    Some(f) => v[f].as_f64(),
+                    None => v.as_f64(),
+                }
+            }
+            At::Ratio(num, den) => {
+                let c = &report["counters"];
+                let den = c[den].as_f64().filter(|&d| d > 0.0)?;
+                Some(c[num].as_f64()? / den)
+            }
         }
     }
 }

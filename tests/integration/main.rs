@@ -8,3 +8,4 @@ mod mechanisms;
 mod policies;
 mod runs;
 mod sweep;
+mod traces;

@@ -170,3 +170,82 @@ fn the_decider_threshold_moves_the_remote_fraction() {
         "{always} {r512} {r2048} {never}"
     );
 }
+
+/// Every number of the reference report (seed 1, default horizon) stays as
+/// it was: tests/baselines/reference_seed1.json holds the report of commit
+/// 06d528b. A change meant to change results updates that file (and says
+/// why); new keys may be added to the report.
+#[test]
+fn the_reference_report_keeps_its_numbers() {
+    fn leaves(
+        base: &serde_json::Value,
+        new: &serde_json::Value,
+        path: &str,
+        bad: &mut Vec<String>,
+    ) {
+        match base {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match new.get(k) {
+                        Some(n) => leaves(v, n, &format!("{path}.{k}"), bad),
+                        None => bad.push(format!("{path}.{k}: missing")),
+                    }
+                }
+            }
+            _ if base != new => bad.push(format!("{path}: {base} -> {new}")),
+            _ => {}
+        }
+    }
+    let report = pdsim::run_scenario(Path::new("scenarios/llmd_nixl_pull.ron"), &[]).unwrap();
+    let new: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let base: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/baselines/reference_seed1.json").unwrap(),
+    )
+    .unwrap();
+    let mut bad = Vec::new();
+    leaves(&base, &new, "", &mut bad);
+    assert!(
+        bad.is_empty(),
+        "the reference numbers moved:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// `pdsim run --trace` replays a trace through the scenario's deployment and
+/// says what it read.
+#[test]
+fn run_with_a_trace_prints_what_it_read() {
+    let dir = std::env::temp_dir().join(format!("pdsim-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("t.csv");
+    std::fs::write(
+        &trace,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.0,3000,20\n2024-05-10 00:00:01.5,100,5\n",
+    )
+    .unwrap();
+    let out = pdsim()
+        .args([
+            "run",
+            "scenarios/llmd_nixl_pull.ron",
+            "--warmup",
+            "0",
+            "--trace",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("(Azure): 2 requests in 2 sessions over 1.5 s"),
+        "{text}"
+    );
+    assert!(
+        text.contains("requests_finished                      2"),
+        "{text}"
+    );
+}

@@ -179,6 +179,9 @@ pub struct Preparer<'a> {
     builder: identity::PathBuilder,
     /// Per session: (its id, whether the window keeps it, its last turn kept).
     sessions: HashMap<String, (u64, bool, Option<usize>)>,
+    /// Pdsim traces: per session id, the tokens of its stream requests so
+    /// far covered (prompt + output).
+    stream_seen: HashMap<u64, u32>,
     out: Vec<TraceRequest>,
     left_out: u64,
     cut: bool,
@@ -197,6 +200,7 @@ impl<'a> Preparer<'a> {
             file: path.display().to_string(),
             builder: identity::PathBuilder::new(source.block_tokens),
             sessions: HashMap::new(),
+            stream_seen: HashMap::new(),
             out: Vec::new(),
             left_out: 0,
             cut: false,
@@ -278,7 +282,12 @@ impl<'a> Preparer<'a> {
                 self.seen += seen as u64;
                 Some(path)
             }
-            (None, TraceFormat::Pdsim) => r.session.as_ref().map(|_| BlockPath::stream(session)),
+            (None, TraceFormat::Pdsim) if r.session.is_some() => {
+                let covered = self.stream_seen.entry(session).or_insert(0);
+                self.seen += r.input.min(*covered) as u64;
+                *covered = (*covered).max(r.input + r.output);
+                Some(BlockPath::stream(session))
+            }
             (None, _) => None,
         };
         self.input += r.input as u64;

@@ -57,8 +57,11 @@ pub fn read(
             } else {
                 format!(" field `{field}`:")
             };
+            // serde_json names the line and column of the line itself.
+            let msg = inner.to_string();
+            let msg = msg.rfind(" at line ").map_or(msg.as_str(), |i| &msg[..i]);
             Error::new(format!(
-                "{file}:{n}:{}:{what} {inner} (a Mooncake line has timestamp, delay, session_id, \
+                "{file}:{n}:{}:{what} {msg} (a Mooncake line has timestamp, delay, session_id, \
                  input_length, output_length, hash_ids)",
                 inner.column()
             ))
