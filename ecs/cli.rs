@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
-use crate::metrics::figures::{LogHistogram, cdf_svg, write_series};
-use crate::metrics::{Metrics, Report, write_atomic};
+use crate::metrics::Report;
+use crate::metrics::formats::{bench_json, timeline};
+use crate::metrics::write_atomic;
 use crate::scenario::{self, Scenario};
-use crate::sim::{SIM_TIME, Sim};
+use crate::sim::{Outputs, SIM_TIME, Sim};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,6 +23,69 @@ pub struct Cli {
     pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The files `pdsim run` writes besides what it prints (each atomically).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OutputArgs {
+    /// The report as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The run as `vllm bench serve --save-result` writes a benchmark.
+    #[arg(long, value_name = "FILE")]
+    pub bench_json: Option<PathBuf>,
+    /// Percentiles of --bench-json (vLLM's --metric-percentiles).
+    #[arg(long, value_name = "P,P,...", default_value = "99")]
+    pub metric_percentiles: String,
+    /// NVIDIA AIPerf's profile_export_aiperf.json and profile_export.jsonl.
+    #[arg(long, value_name = "DIR")]
+    pub aiperf: Option<PathBuf>,
+    /// The vLLM engines' Prometheus metrics at the end of the run.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus: Option<PathBuf>,
+    /// A Chrome trace-event timeline (Perfetto, chrome://tracing).
+    #[arg(long, value_name = "FILE")]
+    pub timeline: Option<PathBuf>,
+    /// Keep in the timeline what overlaps [A, B] simulated seconds.
+    #[arg(long, value_name = "A..B", requires = "timeline")]
+    pub timeline_window: Option<String>,
+    /// One self-contained HTML page: tables and figures.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+    /// SVG figures into this folder: time series and CDFs.
+    #[arg(long, value_name = "DIR")]
+    pub plots: Option<PathBuf>,
+    /// Time-series sampling interval, simulated seconds (with --plots).
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    pub sample_interval: f64,
+}
+
+impl OutputArgs {
+    pub fn outputs(&self) -> Result<Outputs> {
+        let percentiles = bench_json::parse_percentiles(&self.metric_percentiles).map_err(|e| {
+            Error::new(format!(
+                "--metric-percentiles {}: {e}",
+                self.metric_percentiles
+            ))
+        })?;
+        let timeline_window = match &self.timeline_window {
+            Some(w) => timeline::parse_window(w)
+                .map_err(|e| Error::new(format!("--timeline-window {w}: {e}")))?,
+            None => (0.0, f64::INFINITY),
+        };
+        Ok(Outputs {
+            json: self.json.clone(),
+            bench_json: self.bench_json.clone(),
+            percentiles,
+            aiperf: self.aiperf.clone(),
+            prometheus: self.prometheus.clone(),
+            timeline: self.timeline.clone(),
+            timeline_window,
+            html: self.html.clone(),
+            plots: self.plots.clone(),
+            sample_interval: self.sample_interval,
+        })
+    }
 }
 
 /// Options shared by commands that run a scenario.
@@ -43,6 +107,10 @@ pub struct RunOptions {
     pub set: Vec<String>,
     #[command(flatten)]
     pub trace: scenario::TraceOptions,
+    /// Service-level objectives for goodput, seconds, e.g. ttft=0.2,tpot=0.05,e2e=2
+    /// (the same as --set slo.ttft=0.2 ...).
+    #[arg(long, value_name = "NAME=S,...")]
+    pub slo: Option<String>,
 }
 
 impl RunOptions {
@@ -51,6 +119,9 @@ impl RunOptions {
     pub fn overrides(&self) -> Vec<String> {
         let mut o: Vec<String> = self.trace.override_().into_iter().collect();
         o.extend(self.set.iter().cloned());
+        if let Some(slo) = &self.slo {
+            o.extend(slo.split(',').map(|kv| format!("slo.{}", kv.trim())));
+        }
         if let Some(s) = self.seed {
             o.push(format!("seed={s}"));
         }
@@ -71,15 +142,8 @@ pub enum Command {
         scenario: PathBuf,
         #[command(flatten)]
         opts: RunOptions,
-        /// Also write the report as JSON to this file (atomically).
-        #[arg(long)]
-        json: Option<PathBuf>,
-        /// Also draw SVG figures into this folder: time series and CDFs.
-        #[arg(long, value_name = "DIR")]
-        plots: Option<PathBuf>,
-        /// Time-series sampling interval, simulated seconds (with --plots).
-        #[arg(long, value_name = "S", default_value_t = 1.0)]
-        sample_interval: f64,
+        #[command(flatten)]
+        files: OutputArgs,
     },
     /// Validate a scenario and compile its scripts without running it.
     Check {
@@ -153,19 +217,11 @@ fn execute(command: Command) -> Result<()> {
         Command::Run {
             scenario,
             opts,
-            json,
-            plots,
-            sample_interval,
+            files,
         } => {
             let sc = scenario::load(&scenario, &opts.overrides())?;
-            let report = match &plots {
-                Some(dir) => run_with_plots(&sc, dir, sample_interval)?,
-                None => Sim::new(&sc)?.run()?,
-            };
+            let report = files.outputs()?.run(&sc)?;
             print!("{}", report.to_text());
-            if let Some(path) = json {
-                write_atomic(&path, &report.to_json())?;
-            }
             Ok(())
         }
         Command::Check { scenario, opts } => {
@@ -223,26 +279,10 @@ fn execute(command: Command) -> Result<()> {
 
 /// `pdsim run --plots DIR`: the run, with its time series and CDFs in `dir`.
 pub fn run_with_plots(scenario: &Scenario, dir: &Path, interval: f64) -> Result<Report> {
-    if !(interval.is_finite() && interval > 0.0) {
-        return Err(Error::new(format!(
-            "--sample-interval must be a positive number of seconds, got {interval}"
-        )));
+    Outputs {
+        plots: Some(dir.to_path_buf()),
+        sample_interval: interval,
+        ..Outputs::default()
     }
-    let mut sim = Sim::new(scenario)?;
-    sim.record_series(interval);
-    let report = sim.run()?;
-    if let Some(series) = sim.take_series() {
-        write_series(&series, dir)?;
-    }
-    let overall = sim.world.resource::<Metrics>().overall();
-    let name = format!("{} seed {}", report.scenario, report.seed);
-    for (obs, title) in [("ttft", "TTFT"), ("response", "response time")] {
-        let curve = LogHistogram::of(overall.get(obs)).cdf();
-        cdf_svg(
-            &dir.join(format!("cdf_{obs}.svg")),
-            &format!("{title} CDF"),
-            &[(name.clone(), curve)],
-        )?;
-    }
-    Ok(report)
+    .run(scenario)
 }

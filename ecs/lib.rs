@@ -19,7 +19,7 @@
 //!
 //! Dependencies go one way: `cli` → `experiment`, `replay` → `sim` →
 //! `workload`, `metrics` → `router` → `transfer` → `engine` → `shared` →
-//! `scenario` → `error`.
+//! `scenario`, `stats` → `error`.
 
 pub mod cli;
 pub mod engine;
@@ -31,6 +31,7 @@ pub mod router;
 pub mod scenario;
 pub mod shared;
 pub mod sim;
+pub mod stats;
 pub mod transfer;
 pub mod workload;
 

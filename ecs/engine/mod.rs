@@ -36,6 +36,8 @@
 //! | [`scheduler`] | forming a step and applying it |
 //! | [`repeat`] | runs of identical decode steps booked as one (exact) |
 //! | [`cost`] | the step cost |
+//! | [`observe`] | what only the engine sees: every token gap (ITL) |
+//! | [`exported`] | what a vLLM engine exports on `/metrics` (when asked for) |
 //! | [`systems`] | the tick's step-end and step-start systems |
 //! | [`record`] | optional records of every step and finished request |
 
@@ -43,9 +45,14 @@ use bevy_ecs::prelude::*;
 use std::collections::VecDeque;
 
 use crate::scenario::{EngineConfig, EngineSemantics, StepCost};
+use crate::stats::Histogram;
+use exported::Exported;
+use record::StepSlices;
 
 pub mod cost;
+pub mod exported;
 pub mod kv;
+pub mod observe;
 pub mod record;
 pub mod repeat;
 pub mod request;
@@ -141,6 +148,23 @@ pub struct Engine {
     /// scheduler has not been told of yet (see the module docs).
     undelivered_reads: Vec<Entity>,
     undelivered_frees: Vec<Vec<BlockId>>,
+    /// When the step being formed is formed (admissions are stamped with it).
+    pub(crate) forming_at: f64,
+    /// Token gaps (ITL) of the requests that reached the gateway at or after
+    /// `observe_from` (the warm-up), per hot-swap phase ([`observe`]).
+    pub observe_from: f64,
+    pub itl: Vec<Histogram>,
+    /// Scratch: requests per phase (counted) and in all in the run being
+    /// applied.
+    itl_weights: Vec<u64>,
+    run_requests: u64,
+    /// What a vLLM engine would export (`--prometheus`), when asked for.
+    pub exported: Option<Box<Exported>>,
+    /// Its steps, for a timeline, when asked for; and what the step in
+    /// progress was formed with (prompt tokens, preemptions).
+    pub slices: Option<Box<StepSlices>>,
+    step_prompt_tokens: u32,
+    step_preempted: u32,
 }
 
 impl Engine {
@@ -169,11 +193,27 @@ impl Engine {
             semantics: EngineSemantics::Reference,
             undelivered_reads: Vec::new(),
             undelivered_frees: Vec::new(),
+            forming_at: 0.0,
+            observe_from: 0.0,
+            itl: Vec::new(),
+            itl_weights: Vec::new(),
+            run_requests: 0,
+            exported: None,
+            slices: None,
+            step_prompt_tokens: 0,
+            step_preempted: 0,
         }
     }
 
     pub fn with_semantics(mut self, semantics: EngineSemantics) -> Engine {
         self.semantics = semantics;
+        self
+    }
+
+    /// Observes the token gaps of requests that reach the gateway at or
+    /// after `warmup`.
+    pub fn observing_from(mut self, warmup: f64) -> Engine {
+        self.observe_from = warmup;
         self
     }
 

@@ -1,5 +1,6 @@
-//! Optional records for replays and tests: every step formed, every
-//! finished request. A run keeps neither unless asked ([`crate::Sim::record`]).
+//! Optional records: every step formed and every finished request (replays,
+//! tests: [`crate::Sim::record`]), and the steps of a time window as they
+//! end (the timeline: [`StepSlices`]). A run keeps none unless asked.
 
 use bevy_ecs::prelude::*;
 
@@ -27,3 +28,23 @@ pub struct StepRecord {
 /// Optional record of every finished request (replays, tests).
 #[derive(Resource, Default, Debug)]
 pub struct FinishedRequests(pub Vec<Request>);
+
+/// One step as it ended: its time, its tokens (and how many were prompt
+/// tokens), its requests, the requests its formation preempted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepSlice {
+    pub start: f64,
+    pub end: f64,
+    pub tokens: u32,
+    pub prompt_tokens: u32,
+    pub requests: u32,
+    pub preempted: u32,
+}
+
+/// The steps of an engine that ended within `window` since they were last
+/// taken (by the timeline writer, every tick).
+#[derive(Debug, Clone, Default)]
+pub struct StepSlices {
+    pub window: (f64, f64),
+    pub steps: Vec<StepSlice>,
+}

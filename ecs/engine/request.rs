@@ -91,9 +91,23 @@ pub struct Request {
     /// Local prefix hit at the leg's first admission (tokens).
     pub prefix_hit: Option<u32>,
 
+    /// When the current leg reached its engine, and when that engine first
+    /// scheduled it (computed tokens for it: for a remote decode leg, after
+    /// its KV arrived).
+    pub leg_arrived_at: f64,
+    pub leg_scheduled_at: Option<f64>,
+    /// When the engine that computes its prompt first scheduled it (the
+    /// prefiller, or the decoder of a local request).
+    pub first_scheduled_at: Option<f64>,
     pub first_token_at: Option<f64>,
+    /// When its latest output token was produced (decode leg).
+    pub last_token_at: Option<f64>,
     /// When the prefiller answered (remote only).
     pub t1: Option<f64>,
+    /// When the decoder admitted it to wait for its KV, when the read's flow
+    /// started, when it completed (remote only).
+    pub parked_at: Option<f64>,
+    pub read_started_at: Option<f64>,
     pub read_done_at: Option<f64>,
     pub finished_at: Option<f64>,
     /// Tokens read over the network (remote only).
@@ -135,8 +149,14 @@ impl Request {
             cached_blocks: 0,
             preemptions: 0,
             prefix_hit: None,
+            leg_arrived_at: t0,
+            leg_scheduled_at: None,
+            first_scheduled_at: None,
             first_token_at: None,
+            last_token_at: None,
             t1: None,
+            parked_at: None,
+            read_started_at: None,
             read_done_at: None,
             finished_at: None,
             remote_tokens: 0,
@@ -164,9 +184,16 @@ impl Request {
         self.prefiller.is_some()
     }
 
+    /// Whether the current leg computes the prompt (rather than reading it).
+    pub fn computes_prompt(&self) -> bool {
+        self.leg == Leg::Prefill || self.kv_source == KvSource::Local
+    }
+
     /// Resets per-engine progress when the request moves to its decode leg.
-    pub fn start_decode_leg(&mut self, kv_source: KvSource) {
+    pub fn start_decode_leg(&mut self, kv_source: KvSource, now: f64) {
         self.leg = Leg::Decode;
+        self.leg_arrived_at = now;
+        self.leg_scheduled_at = None;
         self.kv_source = kv_source;
         self.status = Status::Waiting;
         self.computed = 0;

@@ -19,6 +19,7 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
     ) -> Option<f64> {
+        self.forming_at = now;
         let duration = self.form_step(kv, reqs, log)?;
         self.step_start = now;
         self.repeat = 1;
@@ -80,6 +81,14 @@ impl Engine {
             kv_tokens += (reqs.req(id).computed + n) as u64;
         }
         self.step_kv = kv_tokens;
+        if self.slices.is_some() {
+            self.step_prompt_tokens = self
+                .step
+                .iter()
+                .map(|&(id, n)| n.min(uncomputed_prompt(reqs.req(id))))
+                .sum();
+            self.step_preempted = log.preempted.len() as u32;
+        }
         Some(self.cost_of(tokens, kv_tokens))
     }
 
@@ -136,6 +145,9 @@ impl Engine {
     ) {
         let r = reqs.req(id);
         self.backlog -= uncomputed_prompt(r);
+        if let Some(x) = &mut self.exported {
+            x.preemptions += 1;
+        }
         kv.free(&r.blocks);
         r.blocks.clear();
         r.computed = 0;
@@ -150,6 +162,12 @@ impl Engine {
     /// Admits `id` into the running set, computing `n` tokens in this step.
     /// (The one place a request starts running: it keeps the backlog.)
     fn start_running(&mut self, id: Entity, r: &mut Request, n: u32) {
+        if r.leg_scheduled_at.is_none() {
+            r.leg_scheduled_at = Some(self.forming_at);
+            if r.computes_prompt() {
+                r.first_scheduled_at = Some(self.forming_at);
+            }
+        }
         r.status = Status::Running;
         self.running.push(id);
         self.backlog += uncomputed_prompt(r);
@@ -295,6 +313,7 @@ impl Engine {
                 r.computed = hit;
                 r.remote_tokens = r.prompt - hit;
                 r.status = Status::Parked;
+                r.parked_at.get_or_insert(self.forming_at);
                 self.parked += 1;
                 if self.semantics == EngineSemantics::Vllm033 {
                     self.ready.push_back(id);
@@ -340,8 +359,16 @@ impl Engine {
         let repeat = self.repeat;
         self.steps += repeat as u64;
         self.repeat = 1;
+        // A run's first step end: each request's first token gap ends there.
+        let first_end = if repeat > 1 {
+            self.run_boundary(1)
+        } else {
+            now
+        };
         let mut any_finished = false;
-        for &(id, n) in &self.step {
+        self.itl_weights.iter_mut().for_each(|w| *w = 0);
+        for k in 0..self.step.len() {
+            let (id, n) = self.step[k];
             let r = reqs.req(id);
             self.backlog -= uncomputed_prompt(r);
             if repeat > 1 {
@@ -365,9 +392,18 @@ impl Engine {
                     r.first_token_at = Some(now);
                 }
             }
+            self.observe_tokens(r, now, first_end, repeat);
             if r.generated >= r.max_tokens() {
                 any_finished = true;
                 log.finished.push(id);
+                if let Some(x) = &mut self.exported {
+                    let first = if r.leg == Leg::Decode {
+                        r.first_token_at.unwrap_or(now)
+                    } else {
+                        now
+                    };
+                    x.finished(r, first, r.generated, now);
+                }
                 match r.leg {
                     Leg::Prefill => r.status = Status::PrefillDone,
                     Leg::Decode => {
@@ -378,6 +414,12 @@ impl Engine {
                     }
                 }
             }
+        }
+        if repeat > 1 {
+            self.record_run_gaps(repeat, now);
+        }
+        if self.slices.is_some() {
+            self.record_slices(repeat, now);
         }
         if any_finished {
             // (Finished requests computed their whole prompt: no backlog.)

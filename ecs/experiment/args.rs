@@ -45,6 +45,26 @@ pub struct SweepArgs {
     /// point, and time series of the first run.
     #[arg(long)]
     pub plots: bool,
+    /// Also write, beside each run's report, its `vllm bench serve` JSON
+    /// (`seed-S.bench.json`), with these --metric-percentiles.
+    #[arg(long)]
+    pub bench_json: bool,
+    #[arg(long, value_name = "P,P,...", default_value = "99")]
+    pub metric_percentiles: String,
+    /// Also write each run's AIPerf export (`seed-S.aiperf/`).
+    #[arg(long)]
+    pub aiperf: bool,
+    /// Also write each run's Prometheus metrics (`seed-S.prom`).
+    #[arg(long)]
+    pub prometheus: bool,
+    /// Also write each run's timeline (`seed-S.timeline.json`) of what
+    /// overlaps this window of simulated seconds.
+    #[arg(long, value_name = "A..B")]
+    pub timeline: Option<String>,
+    /// Also write one page, OUT/summary.html: the summary table, each
+    /// headline metric against the grid with its seed range, the CDFs.
+    #[arg(long)]
+    pub html: bool,
     /// Time-series sampling interval, simulated seconds (with --plots).
     #[arg(long, value_name = "S", default_value_t = 1.0)]
     pub sample_interval: f64,
@@ -63,6 +83,9 @@ pub struct MergeArgs {
     /// Also draw the CDF figures.
     #[arg(long)]
     pub plots: bool,
+    /// Also write OUT/summary.html (as `pdsim sweep --html`).
+    #[arg(long)]
+    pub html: bool,
 }
 
 /// Parses `1..20`, `1,5,9` or a mix: an ordered list of distinct seeds.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::experiment::args::MergeArgs;
-use crate::experiment::figures::sweep_plots;
+use crate::experiment::figures::{sweep_page, sweep_plots};
 use crate::experiment::outdir::{
     claim, dist_path, first_difference, read, read_manifest, run_path,
 };
@@ -70,7 +70,10 @@ pub fn merge(args: &MergeArgs) -> Result<SweepOutcome> {
             missing.len()
         )));
     }
-    let table = write_summary(&out, &manifest)?;
+    let (table, points) = write_summary(&out, &manifest)?;
+    if args.html {
+        sweep_page(&out, &manifest, &points)?;
+    }
     if args.plots {
         sweep_plots(&out, &manifest)?;
         // The first run's time series, drawn by the shard that ran it.

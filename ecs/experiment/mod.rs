@@ -32,7 +32,8 @@
 //!
 //! Per point, over its seeds, the median (even count: mean of the two middle
 //! values) and the range (min–max) of each run's:
-//! remote fraction (mean of `remote`), mean and p90 TTFT, mean response,
+//! remote fraction (mean of `remote`), mean and p90 TTFT, mean TPOT, p99
+//! ITL, mean response,
 //! mean lease, and the gauges `prefill_kv_held` (tokens per prefiller),
 //! `prefill_queue` (requests per prefiller) and `kv_usage_max` (the fullest
 //! decoder's held KV fraction), and each role's prefix-cache hit rate (hit

@@ -1,12 +1,11 @@
 //! The out dir of a sweep: where each run's report and distributions go,
 //! and claiming a dir for one manifest.
 
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::experiment::plan::{Manifest, Point};
-use crate::metrics::figures::LogHistogram;
+pub use crate::metrics::figures::RunDistributions;
 use crate::metrics::write_atomic;
 
 pub(crate) fn run_path(out: &Path, point: &Point, seed: u64) -> PathBuf {
@@ -19,13 +18,6 @@ pub(crate) fn dist_path(out: &Path, point: &Point, seed: u64) -> PathBuf {
     out.join("runs")
         .join(&point.label)
         .join(format!("seed-{seed}.dist.json"))
-}
-
-/// The TTFT and response distributions of one run, for CDFs pooled over seeds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RunDistributions {
-    pub ttft: LogHistogram,
-    pub response: LogHistogram,
 }
 
 pub(crate) fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {

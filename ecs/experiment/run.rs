@@ -7,14 +7,15 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::experiment::args::{SweepArgs, parse_shard};
-use crate::experiment::figures::sweep_plots;
+use crate::experiment::figures::{sweep_page, sweep_plots};
 use crate::experiment::outdir::{RunDistributions, claim, dist_path, run_path};
 use crate::experiment::plan::{Manifest, Point, plan, sanitize};
 use crate::experiment::summary::write_summary;
-use crate::metrics::figures::{LogHistogram, write_series};
-use crate::metrics::{Metrics, write_atomic};
+use crate::metrics::figures::write_series;
+use crate::metrics::formats::{bench_json, timeline};
+use crate::metrics::write_atomic;
 use crate::scenario;
-use crate::sim::Sim;
+use crate::sim::{Outputs, Sim};
 
 /// What a sweep did.
 #[derive(Debug, Clone)]
@@ -47,9 +48,38 @@ impl SweepOutcome {
     }
 }
 
-/// Runs one simulation of the plan; writes its distributions, then its report.
+/// The output files of one run of a sweep (beside its report).
+fn run_outputs(args: &SweepArgs, out: &Path, point: &Point, seed: u64) -> Result<Outputs> {
+    let report = run_path(out, point, seed);
+    let beside = |ext: &str| report.with_extension(ext);
+    let percentiles = bench_json::parse_percentiles(&args.metric_percentiles).map_err(|e| {
+        Error::new(format!(
+            "--metric-percentiles {}: {e}",
+            args.metric_percentiles
+        ))
+    })?;
+    let timeline_window = match &args.timeline {
+        Some(w) => Some(
+            timeline::parse_window(w).map_err(|e| Error::new(format!("--timeline {w}: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(Outputs {
+        bench_json: args.bench_json.then(|| beside("bench.json")),
+        percentiles,
+        aiperf: args.aiperf.then(|| beside("aiperf")),
+        prometheus: args.prometheus.then(|| beside("prom")),
+        timeline: timeline_window.map(|_| beside("timeline.json")),
+        timeline_window: timeline_window.unwrap_or((0.0, f64::INFINITY)),
+        ..Outputs::default()
+    })
+}
+
+/// Runs one simulation of the plan; writes its output files and
+/// distributions, then its report (which marks the run done).
 fn run_one(
     manifest: &Manifest,
+    args: &SweepArgs,
     out: &Path,
     point: &Point,
     seed: u64,
@@ -57,21 +87,20 @@ fn run_one(
 ) -> Result<()> {
     let scenario_path = Path::new(&manifest.scenario);
     let sc = scenario::load(scenario_path, &manifest.overrides(point, seed))?;
+    let outputs = run_outputs(args, out, point, seed)?;
     let mut sim = Sim::new(&sc)?;
+    outputs.prepare(&mut sim)?;
     if let Some((interval, _)) = series {
         sim.record_series(interval);
     }
     let report = sim.run()?;
+    outputs.write(&mut sim, &report)?;
     if let Some((_, dir)) = series
         && let Some(rec) = sim.take_series()
     {
         write_series(&rec, dir)?;
     }
-    let overall = sim.world.resource::<Metrics>().overall();
-    let dists = RunDistributions {
-        ttft: LogHistogram::of(overall.get("ttft")),
-        response: LogHistogram::of(overall.get("response")),
-    };
+    let dists = RunDistributions::of(&report.overall);
     let mut text = serde_json::to_string(&dists).expect("serializes");
     text.push('\n');
     write_atomic(&dist_path(out, point, seed), &text)?;
@@ -142,7 +171,7 @@ pub fn sweep(args: &SweepArgs, progress: bool) -> Result<SweepOutcome> {
             .try_for_each(|&(i, (p, s))| {
                 let series =
                     (i == 0 && want_series).then_some((args.sample_interval, plots_dir.as_path()));
-                run_one(&manifest, &out, p, *s, series)
+                run_one(&manifest, args, &out, p, *s, series)
                     .map_err(|e| Error::new(format!("run {} seed {s}: {e}", p.label)))?;
                 bar.inc(1);
                 Ok(())
@@ -155,9 +184,12 @@ pub fn sweep(args: &SweepArgs, progress: bool) -> Result<SweepOutcome> {
         .filter(|(p, s)| run_path(&out, p, *s).exists())
         .count();
     let table = if present == total {
-        let table = write_summary(&out, &manifest)?;
+        let (table, points) = write_summary(&out, &manifest)?;
         if args.plots {
             sweep_plots(&out, &manifest)?;
+        }
+        if args.html {
+            sweep_page(&out, &manifest, &points)?;
         }
         Some(table)
     } else {

@@ -32,7 +32,7 @@ pub enum At {
 }
 
 /// The headline metrics of a sweep's summary (see the module docs).
-pub const METRICS: [Metric; 10] = [
+pub const METRICS: [Metric; 12] = [
     Metric {
         key: "remote_fraction",
         header: "remote",
@@ -47,6 +47,16 @@ pub const METRICS: [Metric; 10] = [
         key: "ttft_p90",
         header: "TTFT p90 (s)",
         at: At::Field("observations", "ttft", Some("p90")),
+    },
+    Metric {
+        key: "tpot_mean",
+        header: "TPOT mean (s)",
+        at: At::Field("observations", "tpot", Some("mean")),
+    },
+    Metric {
+        key: "itl_p99",
+        header: "ITL p99 (s)",
+        at: At::Field("observations", "itl", Some("p99")),
     },
     Metric {
         key: "response_mean",
@@ -144,14 +154,14 @@ impl Stats {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct PointSummary {
-    index: usize,
-    label: String,
+#[derive(Debug, Clone, Serialize)]
+pub struct PointSummary {
+    pub index: usize,
+    pub label: String,
     /// The point's value of each grid axis, by path.
-    values: BTreeMap<String, String>,
-    seeds: usize,
-    metrics: BTreeMap<&'static str, Stats>,
+    pub values: BTreeMap<String, String>,
+    pub seeds: usize,
+    pub metrics: BTreeMap<&'static str, Stats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -168,8 +178,11 @@ struct SweepSummary<'a> {
 }
 
 /// Reads every run of the sweep and writes summary.json, summary.csv and
-/// summary.txt; returns the table.
-pub(crate) fn write_summary(out: &Path, manifest: &Manifest) -> Result<String> {
+/// summary.txt; returns the table and the points' statistics.
+pub(crate) fn write_summary(
+    out: &Path,
+    manifest: &Manifest,
+) -> Result<(String, Vec<PointSummary>)> {
     let mut points = Vec::new();
     for p in manifest.points() {
         let mut values: Vec<Vec<Option<f64>>> = vec![Vec::new(); METRICS.len()];
@@ -207,7 +220,7 @@ pub(crate) fn write_summary(out: &Path, manifest: &Manifest) -> Result<String> {
         seeds: &manifest.seeds,
         horizon: manifest.horizon,
         warmup: manifest.warmup,
-        points,
+        points: points.clone(),
     };
     let mut json = serde_json::to_string_pretty(&summary).expect("serializes");
     json.push('\n');
@@ -215,7 +228,7 @@ pub(crate) fn write_summary(out: &Path, manifest: &Manifest) -> Result<String> {
     write_atomic(&out.join("summary.csv"), &summary_csv(&summary))?;
     let table = summary_table(&summary);
     write_atomic(&out.join("summary.txt"), &table)?;
-    Ok(table)
+    Ok((table, points))
 }
 
 fn csv_field(s: &str) -> String {

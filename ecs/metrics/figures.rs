@@ -29,6 +29,7 @@ use crate::engine::{Engine, KvPool};
 use crate::error::{Error, Result};
 use crate::metrics::report::write_atomic;
 use crate::shared::{Clock, EngineIndex};
+use crate::stats::Histogram;
 
 /// Bins per decade of [`LogHistogram`].
 pub const BINS_PER_DECADE: u32 = 100;
@@ -56,18 +57,19 @@ impl Default for LogHistogram {
 }
 
 impl LogHistogram {
-    pub fn of(values: &[f64]) -> LogHistogram {
-        let mut h = LogHistogram::default();
-        let k = h.bins_per_decade as f64;
-        for &x in values {
-            h.count += 1;
-            if x > 0.0 && x.is_finite() {
-                *h.bins.entry((x.log10() * k).floor() as i32).or_default() += 1;
-            } else {
-                h.nonpositive += 1;
-            }
+    /// The values of `h` (each at its bucket's lower edge: within 0.05 %,
+    /// well inside a 2.3 % bin) in 100 bins per decade.
+    pub fn of(h: &Histogram) -> LogHistogram {
+        let mut out = LogHistogram {
+            count: h.count(),
+            nonpositive: h.zeros(),
+            ..LogHistogram::default()
+        };
+        let k = out.bins_per_decade as f64;
+        for (x, n) in h.buckets() {
+            *out.bins.entry((x.log10() * k).floor() as i32).or_default() += n;
         }
-        h
+        out
     }
 
     pub fn add(&mut self, other: &LogHistogram) {
@@ -99,22 +101,79 @@ impl LogHistogram {
     }
 }
 
-fn draw_err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> Error + '_ {
-    move |e| Error::new(format!("cannot draw {}: {e}", path.display()))
+/// The TTFT and response distributions of one run, for CDFs pooled over seeds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunDistributions {
+    pub ttft: LogHistogram,
+    #[serde(default)]
+    pub tpot: LogHistogram,
+    #[serde(default)]
+    pub itl: LogHistogram,
+    #[serde(alias = "response")]
+    pub e2e: LogHistogram,
 }
 
-/// Draws CDFs, one line per curve, on a logarithmic time axis.
-pub fn cdf_svg(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
-    let xs = curves.iter().flat_map(|(_, c)| c.iter().map(|p| p.0));
+impl RunDistributions {
+    /// The distributions of one run's observations.
+    pub fn of(o: &crate::metrics::PhaseObservations) -> RunDistributions {
+        use crate::metrics::Obs;
+        RunDistributions {
+            ttft: LogHistogram::of(o.get(Obs::Ttft)),
+            tpot: LogHistogram::of(o.get(Obs::Tpot)),
+            itl: LogHistogram::of(o.get(Obs::Itl)),
+            e2e: LogHistogram::of(o.get(Obs::E2e)),
+        }
+    }
+
+    /// The four, with their names and titles, for figures.
+    pub fn named(&self) -> [(&'static str, &'static str, &LogHistogram); 4] {
+        [
+            ("ttft", "TTFT", &self.ttft),
+            ("tpot", "TPOT", &self.tpot),
+            ("itl", "ITL", &self.itl),
+            ("e2e", "end-to-end latency", &self.e2e),
+        ]
+    }
+
+    pub fn add(&mut self, other: &RunDistributions) {
+        self.ttft.add(&other.ttft);
+        self.tpot.add(&other.tpot);
+        self.itl.add(&other.itl);
+        self.e2e.add(&other.e2e);
+    }
+}
+
+fn draw_err<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> Error + '_ {
+    move |e| Error::new(format!("cannot draw {what}: {e}"))
+}
+
+/// A labelled curve: (x, y) points.
+pub type Curve = (String, Vec<(f64, f64)>);
+
+/// Draws CDFs into an SVG file (see [`cdf_svg_text`]).
+pub fn cdf_svg(path: &Path, title: &str, curves: &[Curve]) -> Result<()> {
+    write_atomic(path, &cdf_svg_text(title, curves)?)
+}
+
+/// CDFs as SVG text, one line per curve, on a logarithmic time axis.
+pub fn cdf_svg_text(title: &str, curves: &[Curve]) -> Result<String> {
+    // The x axis is log10 of the value, labelled with the value itself: a
+    // log scale that still reads when the data span less than a decade.
+    let xs = curves
+        .iter()
+        .flat_map(|(_, c)| c.iter().map(|p| p.0))
+        .filter(|&x| x > 0.0);
     let (lo, hi) = xs.fold((f64::INFINITY, 0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let (lo, hi) = if lo.is_finite() && hi > lo {
-        (lo, hi)
+        (lo.log10(), hi.log10())
     } else {
-        (1e-3, 1.0)
+        (-3.0, 0.0)
     };
+    let pad = (hi - lo) * 0.02;
+    let (lo, hi) = (lo - pad, hi + pad);
     let mut svg = String::new();
     {
-        let err = draw_err(path);
+        let err = draw_err(title);
         let root = SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area();
         root.fill(&WHITE).map_err(&err)?;
         let mut chart = ChartBuilder::on(&root)
@@ -122,10 +181,11 @@ pub fn cdf_svg(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -
             .margin(12)
             .x_label_area_size(45)
             .y_label_area_size(55)
-            .build_cartesian_2d((lo..hi).log_scale(), 0f64..1f64)
+            .build_cartesian_2d(lo..hi, 0f64..1f64)
             .map_err(&err)?;
         chart
             .configure_mesh()
+            .x_label_formatter(&|v| sig3(10f64.powf(*v)))
             .x_desc("seconds (log scale)")
             .y_desc("fraction of requests")
             .draw()
@@ -133,7 +193,12 @@ pub fn cdf_svg(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -
         for (i, (label, pts)) in curves.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
-                .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    pts.iter()
+                        .filter(|p| p.0 > 0.0)
+                        .map(|&(x, y)| (x.log10(), y)),
+                    color.stroke_width(2),
+                ))
                 .map_err(&err)?
                 .label(label)
                 .legend(move |(x, y)| {
@@ -149,7 +214,97 @@ pub fn cdf_svg(path: &Path, title: &str, curves: &[(String, Vec<(f64, f64)>)]) -
             .map_err(&err)?;
         root.present().map_err(&err)?;
     }
-    write_atomic(path, &svg)
+    Ok(svg)
+}
+
+/// Three significant digits, for axis labels.
+fn sig3(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return format!("{x}");
+    }
+    let mag = x.abs().log10().floor() as i32;
+    if !(-4..6).contains(&mag) {
+        return format!("{x:.2e}");
+    }
+    let decimals = (2 - mag).max(0) as usize;
+    format!("{x:.decimals$}")
+}
+
+/// A metric against a grid axis as SVG text: the median over seeds as a
+/// line, the range (min–max) as a band; `points` are (axis value, median,
+/// min, max), placed evenly in their order.
+pub fn band_svg_text(
+    title: &str,
+    axis: &str,
+    unit: &str,
+    points: &[(String, f64, f64, f64)],
+) -> Result<String> {
+    let hi = points
+        .iter()
+        .map(|p| p.3)
+        .fold(0f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let n = points.len().max(1);
+    let mut svg = String::new();
+    {
+        let err = draw_err(title);
+        let root = SVGBackend::with_string(&mut svg, (640, 400)).into_drawing_area();
+        root.fill(&WHITE).map_err(&err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(65)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..hi * 1.08)
+            .map_err(&err)?;
+        let labels: Vec<String> = points.iter().map(|p| p.0.clone()).collect();
+        chart
+            .configure_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|x| {
+                let i = x.round();
+                if (x - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                    labels[i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .x_desc(axis)
+            .y_desc(unit)
+            .draw()
+            .map_err(&err)?;
+        let band: Vec<(f64, f64)> = points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as f64, p.3))
+            .chain(
+                points
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .map(|(i, p)| (i as f64, p.2)),
+            )
+            .collect();
+        chart
+            .draw_series(std::iter::once(Polygon::new(band, BLUE.mix(0.18).filled())))
+            .map_err(&err)?;
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().enumerate().map(|(i, p)| (i as f64, p.1)),
+                BLUE.stroke_width(2),
+            ))
+            .map_err(&err)?;
+        chart
+            .draw_series(
+                points
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| Circle::new((i as f64, p.1), 3, BLUE.filled())),
+            )
+            .map_err(&err)?;
+        root.present().map_err(&err)?;
+    }
+    Ok(svg)
 }
 
 // ---------------------------------------------------------------------------
@@ -263,12 +418,12 @@ pub fn write_series(rec: &SeriesRecorder, dir: &Path) -> Result<()> {
         csv.push('\n');
     }
     let svg_path = dir.join("timeseries.svg");
-    write_atomic(&svg_path, &series_svg(rec, &svg_path)?)?;
+    write_atomic(&svg_path, &series_svg(rec)?)?;
     // The CSV last: it marks the figure done (a resumed sweep checks it).
     write_atomic(&dir.join("timeseries.csv"), &csv)
 }
 
-fn series_svg(rec: &SeriesRecorder, path: &Path) -> Result<String> {
+pub fn series_svg(rec: &SeriesRecorder) -> Result<String> {
     let (nd, np) = (rec.decoders, rec.prefillers);
     let panels: [(&str, &str, Vec<usize>); 3] = [
         (
@@ -289,7 +444,7 @@ fn series_svg(rec: &SeriesRecorder, path: &Path) -> Result<String> {
     ];
     let mut svg = String::new();
     {
-        let err = draw_err(path);
+        let err = draw_err("the time series");
         let root = SVGBackend::with_string(&mut svg, (1000, 960)).into_drawing_area();
         root.fill(&WHITE).map_err(&err)?;
         let areas = root.split_evenly((3, 1));
@@ -343,7 +498,11 @@ mod tests {
 
     #[test]
     fn histograms_bin_by_decade_and_add() {
-        let h = LogHistogram::of(&[1.0, 1.01, 10.0, 0.0]);
+        let mut values = Histogram::new();
+        for v in [1.0, 1.01, 10.0, 0.0] {
+            values.record(v);
+        }
+        let h = LogHistogram::of(&values);
         assert_eq!(h.count, 4);
         assert_eq!(h.nonpositive, 1);
         assert_eq!(h.bins[&0], 2);

@@ -8,14 +8,16 @@
 //! | [`counters`] | whole-run counts: requests arrived, finished, refused; tokens |
 //! | [`report`] | the report of a run, printed and as JSON; atomic writes |
 //! | [`figures`] | SVG figures: CDFs from log histograms, time series |
+//! | [`formats`] | vLLM bench, AIPerf, Prometheus, trace-event timeline, HTML |
 
 pub mod counters;
 pub mod figures;
+pub mod formats;
 pub mod gauges;
 pub mod observations;
 pub mod report;
 
 pub use counters::Counters;
 pub use gauges::{GAUGES, Gauges};
-pub use observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
+pub use observations::{Metrics, OBSERVATIONS, Obs, PhaseObservations, Summary};
 pub use report::{Report, TraceSummary, write_atomic};

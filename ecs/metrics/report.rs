@@ -14,7 +14,7 @@ use crate::engine::{Request, Role};
 use crate::error::{Error, Result};
 use crate::metrics::counters::Counters;
 use crate::metrics::gauges::{GAUGES, Gauges};
-use crate::metrics::observations::{Metrics, OBSERVATIONS, PhaseObservations, Summary};
+use crate::metrics::observations::{Metrics, Obs, PhaseObservations, Summary};
 use crate::router::Router;
 use crate::shared::{Clock, CurrentScenario};
 use crate::transfer::Flows;
@@ -74,6 +74,9 @@ pub struct Report {
     pub horizon: f64,
     pub warmup: f64,
     pub observations: BTreeMap<String, Summary>,
+    /// Finished requests and tokens per second over [warm-up, horizon], and
+    /// goodput when the scenario gives SLOs.
+    pub throughput: Throughput,
     pub gauges: BTreeMap<String, f64>,
     /// Whole-run counts (from t = 0): requests, tokens, the prefix caches,
     /// KV transfers ([`Counters`] and the engines' and transfers' own).
@@ -95,14 +98,53 @@ pub struct Report {
     pub routing_decisions: u64,
     #[serde(skip)]
     pub routing_seconds: f64,
+    /// The observations themselves, all phases together (for the output
+    /// formats; not in the JSON).
+    #[serde(skip)]
+    pub overall: PhaseObservations,
 }
 
+/// Rates over [warm-up, horizon] of the requests counted by the
+/// observations (reached the gateway after the warm-up, finished by the
+/// horizon), as `vllm bench serve` reports them.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Throughput {
+    /// Seconds: horizon − warm-up.
+    pub duration: f64,
+    pub completed: u64,
+    pub requests_per_s: f64,
+    pub input_tokens_per_s: f64,
+    pub output_tokens_per_s: f64,
+    pub total_tokens_per_s: f64,
+    /// Completed requests within every SLO, and their rate (None: no SLO).
+    pub good_requests: Option<u64>,
+    pub goodput_per_s: Option<f64>,
+}
+
+impl Throughput {
+    fn of(o: &PhaseObservations, duration: f64, slo: bool) -> Throughput {
+        let rate = |n: u64| n as f64 / duration;
+        Throughput {
+            duration,
+            completed: o.finished,
+            requests_per_s: rate(o.finished),
+            input_tokens_per_s: rate(o.input_tokens),
+            output_tokens_per_s: rate(o.output_tokens),
+            total_tokens_per_s: rate(o.input_tokens + o.output_tokens),
+            good_requests: slo.then_some(o.good),
+            goodput_per_s: slo.then(|| rate(o.good)),
+        }
+    }
+}
+
+/// Every observation's summary by name, and `response` (an alias of `e2e`).
 fn summaries(obs: &PhaseObservations) -> BTreeMap<String, Summary> {
-    OBSERVATIONS
+    let mut out: BTreeMap<String, Summary> = Obs::ALL
         .iter()
-        .zip(&obs.values)
-        .map(|(n, v)| (n.to_string(), Summary::of(v)))
-        .collect()
+        .map(|&o| (o.name().to_string(), Summary::of(obs.get(o))))
+        .collect();
+    out.insert("response".into(), Summary::of(obs.get(Obs::E2e)));
+    out
 }
 
 /// Every counter of the run, by name.
@@ -145,10 +187,22 @@ impl Report {
             .chain(raw.phases.iter().map(|p| p.at))
             .collect();
         let metrics = world.resource::<Metrics>();
-        let observations = summaries(&metrics.overall());
-        let phases = if metrics.phases.len() > 1 {
-            metrics
-                .phases
+        let slo = metrics.slo != Default::default();
+        let mut per_phase = metrics.phases.clone();
+        // The engines observed every token gap.
+        for e in world.query::<&Engine>().iter(world) {
+            for (p, h) in e.itl.iter().enumerate() {
+                per_phase[p].hists[Obs::Itl as usize].merge(h);
+            }
+        }
+        let mut overall = PhaseObservations::default();
+        for p in &per_phase {
+            overall.merge(p);
+        }
+        let observations = summaries(&overall);
+        let throughput = Throughput::of(&overall, horizon - warmup, slo);
+        let phases = if per_phase.len() > 1 {
+            per_phase
                 .iter()
                 .zip(phase_starts)
                 .map(|(p, start)| PhaseReport {
@@ -177,6 +231,7 @@ impl Report {
             horizon,
             warmup,
             observations,
+            throughput,
             gauges,
             counters,
             trace,
@@ -186,6 +241,7 @@ impl Report {
             wall_seconds,
             routing_decisions,
             routing_seconds,
+            overall,
         }
     }
 
@@ -215,6 +271,19 @@ impl Report {
         for (i, p) in self.phases.iter().enumerate() {
             let _ = writeln!(out, "\nphase {} (from t = {} s)", i + 1, p.start);
             write_table(&mut out, &p.observations);
+        }
+        let t = &self.throughput;
+        let _ = writeln!(
+            out,
+            "\nthroughput over [warm-up, horizon] ({} s): {:.3} requests/s, {:.1} input + {:.1} output tokens/s",
+            t.duration, t.requests_per_s, t.input_tokens_per_s, t.output_tokens_per_s
+        );
+        if let (Some(good), Some(rate)) = (t.good_requests, t.goodput_per_s) {
+            let _ = writeln!(
+                out,
+                "goodput {rate:.3} requests/s ({good} of {} requests within every SLO)",
+                t.completed
+            );
         }
         let _ = writeln!(out, "\ngauges (time averages over [warm-up, horizon])");
         for (name, v) in &self.gauges {
@@ -257,15 +326,29 @@ impl Report {
 fn write_table(out: &mut String, obs: &BTreeMap<String, Summary>) {
     let _ = writeln!(
         out,
-        "{:<14}{:>9}{:>12}{:>12}{:>12}{:>12}",
-        "observation", "count", "mean", "p50", "p90", "p99"
+        "{:<14}{:>9}{:>9}{:>12}{:>12}{:>12}{:>12}",
+        "observation", "unit", "count", "mean", "p50", "p90", "p99"
     );
     let f = |v: Option<f64>| v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into());
-    for name in OBSERVATIONS {
-        let s = &obs[name];
+    for o in Obs::ALL {
+        let s = &obs[o.name()];
+        if o.is_flag() {
+            // A 0/1 observation: its mean is the fraction; no percentiles.
+            let _ = writeln!(
+                out,
+                "{:<14}{:>9}{:>9}{:>12}",
+                o.name(),
+                o.unit(),
+                s.count,
+                f(s.mean)
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
-            "{name:<14}{:>9}{:>12}{:>12}{:>12}{:>12}",
+            "{:<14}{:>9}{:>9}{:>12}{:>12}{:>12}{:>12}",
+            o.name(),
+            o.unit(),
             s.count,
             f(s.mean),
             f(s.p50),

@@ -20,6 +20,16 @@ struct InFlight {
     tokens: u64,
 }
 
+/// What the router sent to one pod over the whole run.
+#[derive(Default, Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Routed {
+    /// Requests (legs) it sent there.
+    pub requests: u64,
+    /// Of those, on a decoder: prefilled remotely.
+    pub remote: u64,
+    pub prompt_tokens: u64,
+}
+
 /// A bounded LRU set of block identities (one per pod).
 #[derive(Debug, Default)]
 struct PrefixLru {
@@ -114,6 +124,8 @@ pub struct RouterBook {
     prefill_index: Vec<PrefixLru>,
     decode_index: Vec<PrefixLru>,
     role_names: [rhai::ImmutableString; 2],
+    /// Per role (prefill, decode), per pod: what it was sent.
+    pub routed: [Vec<Routed>; 2],
 }
 
 impl RouterBook {
@@ -131,6 +143,10 @@ impl RouterBook {
             prefill_index: (0..num_prefill).map(|_| PrefixLru::default()).collect(),
             decode_index: (0..num_decode).map(|_| PrefixLru::default()).collect(),
             role_names: [Role::Prefill.name().into(), Role::Decode.name().into()],
+            routed: [
+                vec![Routed::default(); num_prefill],
+                vec![Routed::default(); num_decode],
+            ],
         }
     }
 
@@ -173,10 +189,18 @@ impl RouterBook {
         let f = &mut self.decode[d as usize];
         f.requests += 1;
         f.tokens += prompt as u64;
+        let c = &mut self.routed[Role::Decode as usize][d as usize];
+        c.requests += 1;
+        c.remote += p.is_some() as u64;
+        c.prompt_tokens += prompt as u64;
         if let Some(p) = p {
             let f = &mut self.prefill[p as usize];
             f.requests += 1;
             f.tokens += prompt as u64;
+            let c = &mut self.routed[Role::Prefill as usize][p as usize];
+            c.requests += 1;
+            c.remote += 1;
+            c.prompt_tokens += prompt as u64;
         }
         if self.capacity > 0 {
             let blocks = prompt / self.block_size;

@@ -44,13 +44,14 @@ pub fn handoff_system(
         router.book.prefill_answered(p_index, r.prompt);
         match flows.mode {
             TransferMode::NixlPull => {
-                r.start_decode_leg(KvSource::RemotePending);
+                r.start_decode_leg(KvSource::RemotePending, now);
                 engines.get_mut(decoder).expect("decoder").0.enqueue(id);
             }
             TransferMode::StoreAndForward => {
-                r.start_decode_leg(KvSource::RemotePending);
+                r.start_decode_leg(KvSource::RemotePending, now);
                 r.status = Status::PrefillDone; // until the copy completes
                 r.remote_tokens = r.prompt;
+                r.read_started_at = Some(now);
                 let p_link = engines.get(prefiller).expect("prefiller").1.link;
                 let d_link = engines.get(decoder).expect("decoder").1.link;
                 start_copy(

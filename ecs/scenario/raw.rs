@@ -37,6 +37,23 @@ pub struct RawScenario {
     /// (docs/fidelity.md).
     #[serde(default)]
     pub engine_semantics: EngineSemantics,
+    /// Service-level objectives for goodput (seconds; `--slo`).
+    #[serde(default)]
+    pub slo: Slo,
+}
+
+/// Service-level objectives: a finished request is *good* when it meets
+/// every one given (`≤`, as `vllm bench serve --goodput` and DistServe
+/// count); its TPOT is 0 when it produced one token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slo {
+    #[serde(default)]
+    pub ttft: Option<f64>,
+    #[serde(default)]
+    pub tpot: Option<f64>,
+    #[serde(default)]
+    pub e2e: Option<f64>,
 }
 
 /// The engines' scheduler semantics (docs/fidelity.md).

@@ -210,6 +210,18 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             raw.prefill.engine.max_model_len, raw.decode.engine.max_model_len
         ),
     );
+    for (name, v) in [
+        ("ttft", raw.slo.ttft),
+        ("tpot", raw.slo.tpot),
+        ("e2e", raw.slo.e2e),
+    ] {
+        if let Some(v) = v {
+            need(
+                finite_pos(v),
+                format!("slo.{name} must be a positive number of seconds, got {v}"),
+            );
+        }
+    }
     need(
         finite_nonneg(raw.transfer.latency),
         format!(

@@ -45,14 +45,17 @@
 //! | [`schedule`] | [`Sim`]: the world built from a scenario, the schedule, the loop |
 //! | [`phases`] | the `Phases` system (hot swap) |
 //! | [`retire`] | what happens to a request that finished |
+//! | [`outputs`] | a run with its output files (JSON, vLLM bench, AIPerf, Prometheus, timeline, HTML, figures) |
 
 use bevy_ecs::prelude::*;
 use std::sync::atomic::AtomicU64;
 
+pub mod outputs;
 pub mod phases;
 pub mod retire;
 pub mod schedule;
 
+pub use outputs::Outputs;
 pub use schedule::Sim;
 
 /// The tick's systems, in the order they run (see the module docs).

@@ -8,6 +8,8 @@ use bevy_ecs::prelude::*;
 
 use crate::engine::record::FinishedRequests;
 use crate::engine::{Engine, NextTurn, Request};
+use crate::metrics::formats::aiperf::AiperfLog;
+use crate::metrics::formats::timeline::Timeline;
 use crate::metrics::{Counters, Metrics};
 use crate::router::Router;
 use crate::shared::{Agenda, Clock, Event, Finished};
@@ -25,6 +27,8 @@ pub fn retire_system(
     mut router: NonSendMut<Router>,
     mut agenda: ResMut<Agenda>,
     mut record: Option<ResMut<FinishedRequests>>,
+    mut aiperf: Option<ResMut<AiperfLog>>,
+    mut timeline: Option<ResMut<Timeline>>,
 ) {
     let now = clock.now;
     for &id in &finished.queue {
@@ -51,6 +55,12 @@ pub fn retire_system(
         }
         if let Some(f) = record.as_deref_mut() {
             f.0.push(r.clone());
+        }
+        if let Some(a) = aiperf.as_deref_mut() {
+            a.finished(r, now);
+        }
+        if let Some(t) = timeline.as_deref_mut() {
+            t.request(r);
         }
         commands.entity(id).despawn();
     }

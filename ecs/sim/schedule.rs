@@ -36,6 +36,8 @@ pub struct Sim {
     pub world: World,
     schedule: Schedule,
     horizon: f64,
+    /// Scratch: the events due in the tick being handed over.
+    due: Vec<Event>,
 }
 
 impl Sim {
@@ -90,7 +92,8 @@ impl Sim {
                 let e = world
                     .spawn((
                         Engine::new(role, i, pool.engine, pool.cost)
-                            .with_semantics(raw.engine_semantics),
+                            .with_semantics(raw.engine_semantics)
+                            .observing_from(raw.warmup),
                         KvPool(BlockPool::for_engine(&pool.engine, raw.engine_semantics)),
                         Nic {
                             link,
@@ -155,7 +158,7 @@ impl Sim {
         world.insert_resource(RunStatus::default());
         world.insert_resource(StepScratch::default());
         world.insert_resource(CurrentScenario(raw.clone()));
-        world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1));
+        world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
         world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
 
@@ -206,6 +209,7 @@ impl Sim {
             world,
             schedule,
             horizon: raw.horizon,
+            due: Vec::new(),
         })
     }
 
@@ -262,16 +266,21 @@ impl Sim {
 
     /// One tick at time `t`: hand over the events due, run the systems.
     fn tick(&mut self, t: f64) {
-        self.world.resource_scope(|world, mut agenda: Mut<Agenda>| {
-            let mut events = world.resource_mut::<TickEvents>();
-            events.clear();
-            while let Some(e) = agenda.pop_at(t) {
-                events.push(e);
-            }
-            let mut clock = world.resource_mut::<Clock>();
-            clock.now = t;
-            clock.ticks += 1;
-        });
+        // (Not `resource_scope`: taking a resource out and back each tick
+        // leaves a removal message behind that nothing reads.)
+        let mut agenda = self.world.resource_mut::<Agenda>();
+        self.due.clear();
+        while let Some(e) = agenda.pop_at(t) {
+            self.due.push(e);
+        }
+        let mut events = self.world.resource_mut::<TickEvents>();
+        events.clear();
+        for &e in &self.due {
+            events.push(e);
+        }
+        let mut clock = self.world.resource_mut::<Clock>();
+        clock.now = t;
+        clock.ticks += 1;
         // Log lines carry the simulated time of the tick they come from.
         SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
         self.schedule.run(&mut self.world);

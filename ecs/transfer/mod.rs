@@ -39,14 +39,25 @@ pub struct Lease {
 pub struct Flow {
     pub request: Entity,
     pub links: [u32; 2],
-    /// Tokens it moves in all.
+    /// Tokens it moves in all, from `started` on.
     pub tokens: u32,
+    pub started: f64,
     /// Tokens left as of `updated`.
     pub remaining: f64,
     pub rate: f64,
     pub updated: f64,
     /// When it completes at the current rate.
     pub finish_at: f64,
+}
+
+/// A completed flow, for a timeline: its request (by id), links and times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlowSlice {
+    pub request: u64,
+    pub links: [u32; 2],
+    pub tokens: u32,
+    pub start: f64,
+    pub end: f64,
 }
 
 /// The set of flows and what the bandwidth allocation needs.
@@ -67,6 +78,8 @@ pub struct Flows {
     /// Transfers completed so far, and the tokens they moved.
     pub completed: u64,
     pub completed_tokens: u64,
+    /// Completed flows for a timeline, when asked for (taken every tick).
+    pub slices: Option<Vec<FlowSlice>>,
     pub(crate) sharing_state: FlowSharing,
     pub(crate) scratch_links: Vec<[u32; 2]>,
     pub(crate) scratch_rates: Vec<f64>,
@@ -92,6 +105,7 @@ impl Flows {
             generation: 0,
             completed: 0,
             completed_tokens: 0,
+            slices: None,
             sharing_state: FlowSharing::new(),
             scratch_links: Vec::new(),
             scratch_rates: Vec::new(),
@@ -111,6 +125,7 @@ impl Flows {
             request,
             links,
             tokens,
+            started: now,
             remaining: tokens as f64,
             rate: 0.0,
             updated: now,

@@ -7,7 +7,7 @@ use bevy_ecs::prelude::*;
 use crate::engine::{Engine, KvPool, KvSource, Request, Status};
 use crate::scenario::TransferMode;
 use crate::shared::{Agenda, Clock, Event, Parked, TickEvents};
-use crate::transfer::{Flow, Flows, Lease, Nic};
+use crate::transfer::{Flow, FlowSlice, Flows, Lease, Nic};
 
 /// System: flows that completed now end (leases released, KV delivered);
 /// reads whose latency ended start flowing.
@@ -40,6 +40,15 @@ pub fn transfer_system(
             }
             flows.completed += 1;
             flows.completed_tokens += flow.tokens as u64;
+            if let Some(s) = &mut flows.slices {
+                s.push(FlowSlice {
+                    request: reqs.get(flow.request).expect("transferring request").id,
+                    links: flow.links,
+                    tokens: flow.tokens,
+                    start: flow.started,
+                    end: now,
+                });
+            }
             complete(
                 flow.request,
                 now,
@@ -54,7 +63,8 @@ pub fn transfer_system(
         flows.changed |= !flows.done.is_empty();
     }
     for &request in &events.read_starts {
-        let r = reqs.get(request).expect("a parked request");
+        let mut r = reqs.get_mut(request).expect("a parked request");
+        r.read_started_at = Some(now);
         let p = engines
             .get(r.prefiller.expect("remote"))
             .expect("prefiller")
@@ -98,6 +108,7 @@ fn complete(
             // Only now does the request queue for the decoder.
             r.kv_source = KvSource::Delivered;
             r.status = Status::Waiting;
+            r.leg_arrived_at = now;
             d.enqueue(request);
         }
     }

@@ -11,6 +11,7 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::engine::{BlockPath, NextTurn, Request};
+use crate::metrics::formats::aiperf::{self, AiperfLog};
 use crate::metrics::{Counters, Metrics};
 use crate::scenario::Sessions;
 use crate::shared::{Agenda, Clock, Event, Gateway, PhaseIndex, TickEvents};
@@ -71,6 +72,7 @@ pub fn workload_system(
     mut gateway: ResMut<Gateway>,
     mut metrics: ResMut<Metrics>,
     mut counters: ResMut<Counters>,
+    mut aiperf: Option<ResMut<AiperfLog>>,
 ) {
     let now = clock.now;
     let state = &mut *state;
@@ -79,6 +81,7 @@ pub fn workload_system(
         gateway: &mut gateway,
         metrics: &mut metrics,
         counters: &mut counters,
+        aiperf: aiperf.as_deref_mut(),
         now,
         phase: phase.0,
     };
@@ -114,6 +117,7 @@ struct Issue<'a, 'w, 's> {
     gateway: &'a mut Gateway,
     metrics: &'a mut Metrics,
     counters: &'a mut Counters,
+    aiperf: Option<&'a mut AiperfLog>,
     now: f64,
     phase: u32,
 }
@@ -122,11 +126,20 @@ impl Issue<'_, '_, '_> {
     /// A turn with this prompt arrives: counted, and refused when the
     /// prompt reaches `max_model_len` (vLLM refuses it: MODEL.md §3).
     /// Returns whether it goes on to the gateway.
-    fn arrives(&mut self, prompt: u64, state: &WorkloadState) -> bool {
+    fn arrives(&mut self, prompt: u64, session: u64, turn: u32, state: &WorkloadState) -> bool {
         let too_long = prompt >= state.max_model_len as u64;
         self.counters.arrived(prompt, too_long);
         if self.now >= state.warmup {
             self.metrics.turn(self.phase, too_long);
+        }
+        if too_long && let Some(log) = self.aiperf.as_deref_mut() {
+            let who = aiperf::Turn {
+                id: format!("refused-{session}-{turn}"),
+                session,
+                turn,
+                t0: self.now,
+            };
+            log.refused(&who, prompt);
         }
         !too_long
     }
@@ -142,7 +155,7 @@ impl Issue<'_, '_, '_> {
     fn turn(&mut self, entity: Entity, session: &mut Session, state: &mut WorkloadState) -> bool {
         let turn = session.draw_turn(&state.params);
         let prompt = session.context as u64 + turn.new_tokens as u64;
-        if !self.arrives(prompt, state) {
+        if !self.arrives(prompt, session.id, session.turns - 1, state) {
             return false;
         }
         let prompt = prompt as u32;
@@ -172,10 +185,10 @@ impl Issue<'_, '_, '_> {
     /// `max_model_len`), with its session's next turn to follow.
     fn trace_request(&mut self, i: u32, state: &WorkloadState) {
         let t = &state.trace[i as usize];
-        if !self.arrives(t.prompt as u64, state) {
+        let lone = LONE_STREAMS + i as u64;
+        if !self.arrives(t.prompt as u64, t.session.unwrap_or(lone), 0, state) {
             return; // refused: its session ends here
         }
-        let lone = LONE_STREAMS + i as u64;
         let path = t.path.clone().unwrap_or_else(|| BlockPath::stream(lone));
         let output = t.output.min(state.max_model_len - t.prompt);
         let mut r = Request::new(

@@ -5,8 +5,9 @@
 use std::path::Path;
 
 /// The rooms from the bottom up; a room may use those before it.
-const ORDER: [&str; 12] = [
+const ORDER: [&str; 13] = [
     "error",
+    "stats",
     "scenario",
     "shared",
     "engine",

@@ -5,6 +5,7 @@ mod errors;
 mod golden;
 mod layout;
 mod mechanisms;
+mod outputs;
 mod policies;
 mod runs;
 mod sweep;

@@ -102,6 +102,7 @@ fn threads_and_shards_do_not_change_the_summary() {
         dirs: vec![root.join("s1"), root.join("s2")],
         out: Some(root.join("merged")),
         plots: false,
+        ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(merged.total, 6);
@@ -112,6 +113,7 @@ fn threads_and_shards_do_not_change_the_summary() {
         dirs: vec![root.join("s1")],
         out: Some(root.join("half")),
         plots: false,
+        ..Default::default()
     })
     .unwrap_err()
     .to_string();
@@ -304,7 +306,13 @@ fn plots_are_svg_figures() {
         ..args(&root)
     });
     assert!(done.table.is_some());
-    for f in ["cdf_ttft.svg", "cdf_response.svg", "timeseries.svg"] {
+    for f in [
+        "cdf_ttft.svg",
+        "cdf_tpot.svg",
+        "cdf_itl.svg",
+        "cdf_e2e.svg",
+        "timeseries.svg",
+    ] {
         let text = std::fs::read_to_string(root.join("plots").join(f)).unwrap();
         assert!(text.starts_with("<svg") && text.contains("polyline"), "{f}");
     }
@@ -326,7 +334,9 @@ fn plots_are_svg_figures() {
     assert_eq!(with.to_json(), without.to_json());
     for f in [
         "cdf_ttft.svg",
-        "cdf_response.svg",
+        "cdf_tpot.svg",
+        "cdf_itl.svg",
+        "cdf_e2e.svg",
         "timeseries.svg",
         "timeseries.csv",
     ] {

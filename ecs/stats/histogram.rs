@@ -1,0 +1,338 @@
+//! A streaming histogram of non-negative values: exact count, sum, mean,
+//! standard deviation, min and max; percentiles from log-linear buckets
+//! (as HdrHistogram's), so memory does not grow with the number of values.
+//!
+//! Each power of two `[2^e, 2^(e+1))` is split into 2048 buckets of equal
+//! width; a value is kept as its bucket's lower edge. So a percentile is at
+//! most 2^−11 ≈ 0.049 % below the value numpy's linear interpolation would
+//! give from every sample, and exact for whole numbers below 4096 (token
+//! counts, 0/1 flags) and for the extremes (the minimum and maximum are kept
+//! exactly). Zero is a bucket of its own. Two histograms add exactly, so a
+//! sweep's pooled distribution is that of its runs together.
+
+use serde::{Deserialize, Serialize};
+
+/// Sub-buckets per power of two: 2^11.
+const SUB_BITS: u32 = 11;
+const SUB: u64 = 1 << SUB_BITS;
+
+/// The bucket of a positive finite value: its binary exponent and the top
+/// `SUB_BITS` bits of its mantissa, as one ordered index.
+fn index(v: f64) -> i64 {
+    let bits = v.to_bits();
+    let exp = ((bits >> 52) & 0x7ff) as i64;
+    let mantissa = bits & ((1u64 << 52) - 1);
+    if exp == 0 {
+        // Subnormal: below every bucket of interest; keep them together.
+        return i64::MIN / 4;
+    }
+    (exp << SUB_BITS) | (mantissa >> (52 - SUB_BITS)) as i64
+}
+
+/// The lower edge of bucket `i`.
+fn lower(i: i64) -> f64 {
+    if i == i64::MIN / 4 {
+        return 0.0;
+    }
+    let exp = (i >> SUB_BITS) as u64;
+    let sub = (i as u64) & (SUB - 1);
+    f64::from_bits((exp << 52) | (sub << (52 - SUB_BITS)))
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Histogram {
+    count: u64,
+    /// Values equal to zero (or below: none expected).
+    zeros: u64,
+    sum: f64,
+    /// Sum of squares, for the std.
+    sum_sq: f64,
+    min: f64,
+    max: f64,
+    /// Counts of the buckets from index `first` on.
+    first: i64,
+    #[serde(with = "sparse")]
+    counts: Vec<u64>,
+}
+
+impl Histogram {
+    pub fn new() -> Histogram {
+        Histogram::default()
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
+    /// The mean (None when empty).
+    pub fn mean(&self) -> Option<f64> {
+        (self.count > 0).then_some(self.sum / self.count as f64)
+    }
+
+    /// The population standard deviation (numpy's `std`), from the sums of
+    /// the values and of their squares.
+    pub fn std(&self) -> Option<f64> {
+        (self.count > 0).then(|| {
+            let n = self.count as f64;
+            let mean = self.sum / n;
+            (self.sum_sq / n - mean * mean).max(0.0).sqrt()
+        })
+    }
+
+    pub fn min(&self) -> Option<f64> {
+        (self.count > 0).then_some(self.min)
+    }
+
+    pub fn max(&self) -> Option<f64> {
+        (self.count > 0).then_some(self.max)
+    }
+
+    pub fn record(&mut self, v: f64) {
+        self.record_n(v, 1);
+    }
+
+    /// Records `n` values equal to `v` (NaN and infinities are not values:
+    /// they are refused in debug builds and ignored otherwise).
+    pub fn record_n(&mut self, v: f64, n: u64) {
+        debug_assert!(v.is_finite(), "histogram value {v}");
+        if n == 0 || !v.is_finite() {
+            return;
+        }
+        if self.count == 0 {
+            self.min = v;
+            self.max = v;
+        } else {
+            self.min = self.min.min(v);
+            self.max = self.max.max(v);
+        }
+        self.count += n;
+        let w = n as f64;
+        self.sum += v * w;
+        self.sum_sq += v * v * w;
+        if v <= 0.0 {
+            self.zeros += n;
+        } else {
+            self.add_to_bucket(index(v), n);
+        }
+    }
+
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &Histogram) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            *self = other.clone();
+            return;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+        self.sum_sq += other.sum_sq;
+        self.zeros += other.zeros;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        for (k, &c) in other.counts.iter().enumerate() {
+            if c > 0 {
+                self.add_to_bucket(other.first + k as i64, c);
+            }
+        }
+    }
+
+    fn add_to_bucket(&mut self, i: i64, n: u64) {
+        if self.counts.is_empty() {
+            self.first = i;
+            self.counts.push(0);
+        } else if i < self.first {
+            let grow = (self.first - i) as usize;
+            self.counts.splice(0..0, std::iter::repeat_n(0, grow));
+            self.first = i;
+        } else if (i - self.first) as usize >= self.counts.len() {
+            self.counts.resize((i - self.first) as usize + 1, 0);
+        }
+        self.counts[(i - self.first) as usize] += n;
+    }
+
+    /// The `q`-quantile (0 ≤ q ≤ 1) as numpy's default computes it — linear
+    /// interpolation between the values at ranks ⌊q(n−1)⌋ and ⌈q(n−1)⌉ —
+    /// with each value read as its bucket's lower edge (the smallest and
+    /// largest exactly).
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let pos = q.clamp(0.0, 1.0) * (self.count - 1) as f64;
+        let lo = pos.floor() as u64;
+        let hi = pos.ceil() as u64;
+        let (a, b) = (self.value_at(lo), self.value_at(hi));
+        Some(a + (b - a) * (pos - lo as f64))
+    }
+
+    /// The value of rank `r` (from 0) in sorted order.
+    fn value_at(&self, r: u64) -> f64 {
+        if r == 0 {
+            return self.min;
+        }
+        if r + 1 == self.count {
+            return self.max;
+        }
+        if r < self.zeros {
+            return self.min.min(0.0);
+        }
+        let mut seen = self.zeros;
+        for (k, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if r < seen {
+                return lower(self.first + k as i64).clamp(self.min, self.max);
+            }
+        }
+        self.max
+    }
+
+    /// Values equal to zero.
+    pub fn zeros(&self) -> u64 {
+        self.zeros
+    }
+
+    /// The non-empty buckets, lowest first: (lower edge, count).
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(k, &c)| (lower(self.first + k as i64), c))
+    }
+
+    /// The distribution function at the buckets' edges: (x, share of values
+    /// below x), from the lowest bucket to 1 at the maximum.
+    pub fn cdf(&self) -> Vec<(f64, f64)> {
+        let n = self.count as f64;
+        let mut out = Vec::new();
+        let mut cum = self.zeros;
+        for (k, &c) in self.counts.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            let x = lower(self.first + k as i64).max(self.min);
+            out.push((x, cum as f64 / n));
+            cum += c;
+        }
+        if self.count > 0 {
+            out.push((self.max, 1.0));
+        }
+        out
+    }
+}
+
+/// The counts as (offset, count) pairs of the non-empty buckets.
+mod sparse {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(counts: &[u64], s: S) -> Result<S::Ok, S::Error> {
+        let pairs: Vec<(usize, u64)> = counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(k, c)| (k, *c))
+            .collect();
+        pairs.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u64>, D::Error> {
+        let pairs: Vec<(usize, u64)> = Vec::deserialize(d)?;
+        let len = pairs.iter().map(|p| p.0 + 1).max().unwrap_or(0);
+        let mut counts = vec![0; len];
+        for (k, c) in pairs {
+            counts[k] = c;
+        }
+        Ok(counts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(values: &[f64]) -> Histogram {
+        let mut h = Histogram::new();
+        for &v in values {
+            h.record(v);
+        }
+        h
+    }
+
+    #[test]
+    fn small_whole_numbers_give_numpys_percentiles_exactly() {
+        // 1..=5: p50 at rank 2 → 3; p90 at position 3.6 → 4 + 0.6 × (5 − 4) = 4.6.
+        let h = of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!(h.count(), 5);
+        assert_eq!(h.mean(), Some(3.0));
+        assert_eq!(h.quantile(0.5), Some(3.0));
+        assert!((h.quantile(0.9).unwrap() - 4.6).abs() < 1e-12);
+        // 1..=4: p50 at position 1.5 → 2.5; p99 at 2.97 → 3 + 0.97 = 3.97.
+        let h = of(&[4.0, 3.0, 2.0, 1.0]);
+        assert_eq!(h.quantile(0.5), Some(2.5));
+        assert!((h.quantile(0.99).unwrap() - 3.97).abs() < 1e-12);
+        // Population std of 1..=4: sqrt(1.25).
+        assert!((h.std().unwrap() - 1.25f64.sqrt()).abs() < 1e-12);
+        // 0/1 flags: three 0s and one 1 → p50 = 0, mean 0.25.
+        let h = of(&[0.0, 1.0, 0.0, 0.0]);
+        assert_eq!((h.quantile(0.5), h.mean()), (Some(0.0), Some(0.25)));
+        assert_eq!(Histogram::new().quantile(0.5), None);
+    }
+
+    #[test]
+    fn percentiles_are_within_the_bucket_width_of_the_exact_ones() {
+        // 10 000 times spread over five decades.
+        let values: Vec<f64> = (1..=10_000).map(|i| 1e-4 * (1.0013f64).powi(i)).collect();
+        let h = of(&values);
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        for q in [0.01, 0.25, 0.5, 0.9, 0.99, 0.999] {
+            let pos = q * (sorted.len() - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            let exact = sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64);
+            let got = h.quantile(q).unwrap();
+            assert!(
+                got <= exact * (1.0 + 1e-12) && got >= exact * (1.0 - 1.0 / 2048.0),
+                "q {q}: {got} vs {exact}"
+            );
+        }
+        assert_eq!(h.min(), Some(sorted[0]));
+        assert_eq!(h.max(), Some(*sorted.last().unwrap()));
+    }
+
+    #[test]
+    fn histograms_add_exactly_and_survive_json() {
+        let a = of(&[0.5, 2.0, 7.25, 0.0]);
+        let b = of(&[1e-3, 300.0]);
+        let mut ab = a.clone();
+        ab.merge(&b);
+        let all = of(&[0.5, 2.0, 7.25, 0.0, 1e-3, 300.0]);
+        assert_eq!(ab.count(), 6);
+        assert_eq!(ab.cdf(), all.cdf());
+        for q in [0.0, 0.2, 0.5, 0.8, 1.0] {
+            assert_eq!(ab.quantile(q), all.quantile(q));
+        }
+        assert!((ab.std().unwrap() - all.std().unwrap()).abs() < 1e-9);
+        let text = serde_json::to_string(&ab).unwrap();
+        let back: Histogram = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, ab);
+    }
+
+    #[test]
+    fn n_equal_values_at_once_are_n_records() {
+        let mut a = Histogram::new();
+        a.record_n(0.01, 3);
+        a.record_n(0.02, 2);
+        let b = of(&[0.01, 0.01, 0.01, 0.02, 0.02]);
+        assert_eq!(a.count(), b.count());
+        assert_eq!(a.cdf(), b.cdf());
+        assert_eq!(a.quantile(0.5), b.quantile(0.5));
+        assert!((a.std().unwrap() - b.std().unwrap()).abs() < 1e-15);
+        assert!((a.mean().unwrap() - b.mean().unwrap()).abs() < 1e-15);
+    }
+}
