@@ -284,6 +284,9 @@ impl Sim {
         // Log lines carry the simulated time of the tick they come from.
         SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
         self.schedule.run(&mut self.world);
+        // Despawned entities leave a removal record per component, which an
+        // `App` would clear every frame: so does every tick.
+        self.world.clear_trackers();
     }
 
     pub fn horizon(&self) -> f64 {

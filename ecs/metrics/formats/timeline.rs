@@ -33,6 +33,8 @@ pub struct Timeline {
     next_id: u64,
 }
 
+/// Microseconds. A slice's duration is `us(end) − us(start)`, so that a
+/// step that starts where another ends does not overlap it in a viewer.
 fn us(t: f64) -> f64 {
     t * 1e6
 }
@@ -178,7 +180,7 @@ impl Timeline {
             for st in &steps {
                 self.event(
                     json!({"name": "step", "cat": "engine", "ph": "X", "ts": us(st.start),
-                                  "dur": us(st.end - st.start), "pid": pid, "tid": STEPS_TID,
+                                  "dur": us(st.end) - us(st.start), "pid": pid, "tid": STEPS_TID,
                                   "args": {"tokens": st.tokens, "prompt_tokens": st.prompt_tokens,
                                            "requests": st.requests, "preempted": st.preempted}}),
                 );
