@@ -25,6 +25,8 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod experiment;
+pub mod files;
+pub mod hardware;
 pub mod metrics;
 pub mod replay;
 pub mod router;

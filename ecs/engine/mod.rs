@@ -8,7 +8,8 @@
 //! 2. unless this step preempted, the waiting queues — ready remote requests
 //!    (decoder) before new and preempted ones — while budget and a slot are
 //!    left; the first that does not fit stops admissions (head-of-line);
-//! 3. the step costs `c0 + max(omega + beta × kv, tokens × a)`.
+//! 3. the step costs what the pool's step-time model says ([`cost`]; by
+//!    default `c0 + max(omega + beta × kv, tokens × a)`).
 //!
 //! Applying a step (at its end) advances computed tokens, samples a token for
 //! every request whose known tokens are all computed, and finishes requests
@@ -35,7 +36,7 @@
 //! | [`kv`] | the KV pool: blocks, reference counts, prefix cache, LRU |
 //! | [`scheduler`] | forming a step and applying it |
 //! | [`repeat`] | runs of identical decode steps booked as one (exact) |
-//! | [`cost`] | the step cost |
+//! | [`cost`] | the step cost (linear, roofline, measured table) |
 //! | [`observe`] | what only the engine sees: every token gap (ITL) |
 //! | [`exported`] | what a vLLM engine exports on `/metrics` (when asked for) |
 //! | [`systems`] | the tick's step-end and step-start systems |
@@ -44,8 +45,9 @@
 use bevy_ecs::prelude::*;
 use std::collections::VecDeque;
 
-use crate::scenario::{EngineConfig, EngineSemantics, StepCost};
+use crate::scenario::{EngineConfig, EngineSemantics};
 use crate::stats::Histogram;
+use cost::StepTime;
 use exported::Exported;
 use record::StepSlices;
 
@@ -107,7 +109,9 @@ pub struct Engine {
     pub role: Role,
     pub index: u32,
     pub cfg: EngineConfig,
-    pub cost: StepCost,
+    pub cost: StepTime,
+    /// The costs of the run in progress, step by step (physical models).
+    run_costs: Vec<f64>,
     /// Running requests in admission order (each holds a slot).
     pub running: Vec<Entity>,
     /// New and preempted requests (preempted ones at the front).
@@ -168,18 +172,20 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(role: Role, index: u32, cfg: EngineConfig, cost: StepCost) -> Engine {
+    pub fn new(role: Role, index: u32, cfg: EngineConfig, cost: StepTime) -> Engine {
+        let slots = cfg_slots(&cfg);
         Engine {
             role,
             index,
             cfg,
             cost,
-            running: Vec::with_capacity(cfg_slots(&cfg)),
+            run_costs: Vec::new(),
+            running: Vec::with_capacity(slots),
             waiting: VecDeque::new(),
             ready: VecDeque::new(),
             parked: 0,
             backlog: 0,
-            step: Vec::with_capacity(cfg_slots(&cfg)),
+            step: Vec::with_capacity(slots),
             busy_until: None,
             dirty: false,
             steps: 0,

@@ -75,10 +75,9 @@ impl Engine {
     /// The gaps between the run's step ends after the first, weighted by
     /// the requests of each phase in it (the run ends at `end`).
     pub(crate) fn record_run_gaps(&mut self, repeat: u32, end: f64) {
-        let tokens = self.step.len() as u64;
         let mut t = self.step_start;
         for j in 0..repeat as u64 {
-            let next = t + self.cost_of(tokens, self.step_kv + j * tokens);
+            let next = t + self.run_step_cost(j);
             if j > 0 {
                 for (p, &w) in self.itl_weights.iter().enumerate() {
                     if w > 0 {
@@ -98,14 +97,13 @@ impl Engine {
     /// The step (or the run of `repeat` steps) that ended at `end`, as
     /// slices of the timeline's window.
     pub(crate) fn record_slices(&mut self, repeat: u32, end: f64) {
-        let tokens = self.step.len() as u64;
         let total: u32 = self.step.iter().map(|s| s.1).sum();
         let mut t = self.step_start;
         for j in 0..repeat as u64 {
             let next = if repeat == 1 {
                 end
             } else {
-                t + self.cost_of(tokens, self.step_kv + j * tokens)
+                t + self.run_step_cost(j)
             };
             let slices = self.slices.as_mut().expect("asked for");
             let (a, b) = slices.window;

@@ -41,10 +41,9 @@ impl Engine {
     /// End time of the `k`-th step of the run that started at `step_start`,
     /// computed exactly as step-by-step simulation would.
     pub(crate) fn run_boundary(&self, k: u32) -> f64 {
-        let tokens = self.step.len() as u64;
         let mut t = self.step_start;
         for j in 0..k as u64 {
-            t += self.cost_of(tokens, self.step_kv + j * tokens);
+            t += self.run_step_cost(j);
         }
         t
     }
@@ -56,10 +55,9 @@ impl Engine {
         if self.repeat <= 1 || self.busy_until.is_none() {
             return None;
         }
-        let tokens = self.step.len() as u64;
         let mut t = self.step_start;
         for j in 0..self.repeat as u64 {
-            t += self.cost_of(tokens, self.step_kv + j * tokens);
+            t += self.run_step_cost(j);
             if t >= now {
                 let k = j as u32 + 1;
                 if k == self.repeat {

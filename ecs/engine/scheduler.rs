@@ -27,6 +27,7 @@ impl Engine {
         if self.repeat_steps && log.preempted.is_empty() {
             let repeat = self.repeatable(kv, reqs);
             if repeat > 1 {
+                self.book_run_costs(repeat, reqs);
                 self.repeat = repeat;
                 end = self.run_boundary(repeat);
             }
@@ -89,7 +90,7 @@ impl Engine {
                 .sum();
             self.step_preempted = log.preempted.len() as u32;
         }
-        Some(self.cost_of(tokens, kv_tokens))
+        Some(self.formed_step_cost(tokens, kv_tokens, reqs))
     }
 
     /// Step 1: running requests in admission order. Returns whether anyone

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::scenario::{parse_ron, ron_options};
+use crate::files::{parse_ron, ron_options};
 
 /// An experiment file (RON): a base scenario and the sweep to run over it.
 ///

@@ -50,7 +50,7 @@ fn pod_view(
         kv_free_cached: (kv.num_free_cached() * bs) as i64,
         cached_tokens: (cached_blocks * bs) as i64,
         max_num_seqs: eng.cfg.max_num_seqs as i64,
-        nic_flows: flows.per_link[nic.link as usize] as i64,
+        nic_flows: flows.per_pod[nic.pod as usize] as i64,
         router_requests: router_requests as i64,
         router_tokens: router_tokens as i64,
         router_cached_tokens: book.cached_tokens(

@@ -7,7 +7,7 @@ use crate::engine::{Engine, KvSource, Request, Status};
 use crate::router::Router;
 use crate::scenario::TransferMode;
 use crate::shared::{Clock, Handoffs};
-use crate::transfer::{Flows, Lease, Nic, start_copy};
+use crate::transfer::{Flows, Lease, Nic};
 
 /// System: the sidecar receives the prefillers' answers (prefill legs that
 /// finished this tick). The prefiller's blocks become a lease; the decode
@@ -30,18 +30,10 @@ pub fn handoff_system(
         let decoder = r.decoder.expect("routed");
         r.t1 = Some(now);
         let blocks = std::mem::take(&mut r.blocks);
-        r.lease = Some(
-            commands
-                .spawn(Lease {
-                    prefiller,
-                    request: id,
-                    blocks,
-                    since: now,
-                })
-                .id(),
-        );
         let p_index = engines.get(prefiller).expect("prefiller").0.index;
         router.book.prefill_answered(p_index, r.prompt);
+        // A NIXL read's flows start later, when the decoder posts it.
+        let mut parts_left = 0;
         match flows.mode {
             TransferMode::NixlPull => {
                 r.start_decode_leg(KvSource::RemotePending, now);
@@ -52,18 +44,22 @@ pub fn handoff_system(
                 r.status = Status::PrefillDone; // until the copy completes
                 r.remote_tokens = r.prompt;
                 r.read_started_at = Some(now);
-                let p_link = engines.get(prefiller).expect("prefiller").1.link;
-                let d_link = engines.get(decoder).expect("decoder").1.link;
-                start_copy(
-                    &mut flows,
-                    &mut commands,
-                    id,
-                    [p_link, d_link],
-                    r.prompt,
-                    now,
-                );
+                let p = *engines.get(prefiller).expect("prefiller").1;
+                let d = *engines.get(decoder).expect("decoder").1;
+                parts_left = flows.start(&mut commands, id, &p, &d, r.prompt, now);
             }
         }
+        r.lease = Some(
+            commands
+                .spawn(Lease {
+                    prefiller,
+                    request: id,
+                    blocks,
+                    since: now,
+                    parts_left,
+                })
+                .id(),
+        );
     }
     handoffs.queue.clear();
 }

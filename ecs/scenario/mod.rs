@@ -12,6 +12,7 @@
 //! | [`params`] | script parameters |
 //! | [`overrides`] | `--set path=value` |
 //! | [`validate`] | script paths, plugin references, every number checked |
+//! | [`pools`] | each pool's hardware, KV blocks, NICs and step-time model |
 //! | [`workload`] | the workload section: session defaults, trace options |
 
 use std::path::{Path, PathBuf};
@@ -20,12 +21,14 @@ use crate::error::{Error, Result};
 
 pub mod overrides;
 pub mod params;
+pub mod pools;
 pub mod raw;
 pub mod validate;
 pub mod workload;
 
 pub use overrides::{TraceOptions, apply_override};
 pub use params::ParamValue;
+pub use pools::{CostPlan, LinearCost, PoolPlan};
 pub use raw::*;
 use validate::resolve_paths;
 pub use validate::{expand_plugins, resolve};
@@ -35,7 +38,7 @@ pub use workload::Sessions;
 #[cfg(test)]
 pub(crate) const REFERENCE: &str = include_str!("../../scenarios/llmd_nixl_pull.ron");
 
-/// A validated scenario, with script paths resolved and NIC rates in tokens/s.
+/// A validated scenario, with paths resolved and every pool derived.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub raw: RawScenario,
@@ -43,8 +46,18 @@ pub struct Scenario {
     pub source: PathBuf,
     /// Shared rhai modules (`lib/` beside the scenario's folder), if any.
     pub lib_dir: Option<PathBuf>,
-    pub prefill_nic_tokens_per_s: f64,
-    pub decode_nic_tokens_per_s: f64,
+    /// Prefill's and decode's pools as the run uses them: hardware, KV
+    /// blocks, NICs, step-time model (all derived numbers, for `pdsim check`).
+    pub pools: [PoolPlan; 2],
+}
+
+impl Scenario {
+    pub fn prefill(&self) -> &PoolPlan {
+        &self.pools[0]
+    }
+    pub fn decode(&self) -> &PoolPlan {
+        &self.pools[1]
+    }
 }
 
 /// Reads, overrides, resolves and validates a scenario file.

@@ -10,8 +10,8 @@ use crate::scenario::{RawScenario, TraceFormat};
 /// Applies one `path=value` override. The value is read as JSON when it
 /// parses as JSON (numbers, booleans, quoted strings, lists), as ±infinity
 /// when it says `inf`, and as a bare string otherwise (script paths, enum
-/// variant names). A `script` value is a path relative to the current
-/// directory.
+/// variant names). A script, trace, step table, model or GPU file is a
+/// path relative to the current directory.
 pub fn apply_override(raw: &RawScenario, assignment: &str) -> Result<RawScenario> {
     let (path, value) = assignment.split_once('=').ok_or_else(|| {
         Error::new(format!(
@@ -33,7 +33,13 @@ pub fn apply_override(raw: &RawScenario, assignment: &str) -> Result<RawScenario
 
 fn parse_override_value(path: &str, value: &str) -> serde_json::Value {
     let v = value.trim();
-    if path == "script" || path.ends_with(".script") || path == "workload.trace.file" {
+    let is_file = path == "script"
+        || path.ends_with(".script")
+        || path == "workload.trace.file"
+        || path.ends_with(".cost.file")
+        || ((path.ends_with(".model") || path.ends_with(".gpu"))
+            && crate::hardware::presets::is_path(v));
+    if is_file {
         let p = Path::new(v);
         let abs = if p.is_relative() {
             std::env::current_dir()
@@ -179,7 +185,7 @@ mod tests {
     fn overrides_reach_nested_fields_params_and_infinity() {
         let raw = parse(REFERENCE, Path::new("ref.ron")).unwrap();
         let raw = apply_override(&raw, "decode.engine.num_gpu_blocks=2000").unwrap();
-        assert_eq!(raw.decode.engine.num_gpu_blocks, 2000);
+        assert_eq!(raw.decode.engine.num_gpu_blocks, Some(2000));
         let raw = apply_override(&raw, "router.decider.params.non_cached_tokens=inf").unwrap();
         assert_eq!(
             raw.router.decider.params["non_cached_tokens"],

@@ -2,12 +2,12 @@
 //! unknown fields denied, so a typo is an error naming the file, line,
 //! column and field.
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::files::parse_ron;
 use crate::scenario::ParamValue;
 
 /// The whole scenario, as written in a `.ron` file.
@@ -191,38 +191,111 @@ fn default_one() -> f64 {
     1.0
 }
 
-/// One role's instances (all prefillers, or all decoders).
+/// One role's instances (all prefillers, or all decoders): abstract
+/// (blocks, tokens per second, a linear step cost) or physical (a model on
+/// GPUs, NICs in Gb/s, a roofline), or a mix (docs/hardware.md).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Pool {
     pub count: u32,
+    /// A model preset (`lib/models/`: `Qwen3-8B`, `Llama-3.1-8B`,
+    /// `Llama-3.1-70B`, `gpt-oss-120b`, `DeepSeek-V3`) or the path of a
+    /// Hugging Face `config.json`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A GPU preset (`lib/gpus/`: `A100-80GB`, `H100-SXM`, `H200`, `B200`,
+    /// `L40S`, `MI300X`) or the path of a RON file like them.
+    #[serde(default)]
+    pub gpu: Option<String>,
     pub engine: EngineConfig,
     pub cost: StepCost,
     pub nic: Nic,
 }
 
-/// vLLM engine arguments that matter to the scheduler.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+/// vLLM engine arguments, named as vLLM names them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     pub max_num_batched_tokens: u32,
     pub max_num_seqs: u32,
-    pub num_gpu_blocks: u32,
+    /// KV blocks (vLLM's `num_gpu_blocks_override`); derived from the model
+    /// and GPU memory when not given.
+    #[serde(default)]
+    pub num_gpu_blocks: Option<u32>,
     pub block_size: u32,
     pub max_model_len: u32,
+    #[serde(default = "default_tp")]
+    pub tensor_parallel_size: u32,
+    /// Default 0.92 (vLLM 0.33).
+    #[serde(default)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// `auto` (the model's dtype, the default), `bfloat16`, `fp8`, …
+    #[serde(default)]
+    pub kv_cache_dtype: Option<String>,
+    /// `fp8`: weights quantized to 8 bits at load (vLLM's `--quantization fp8`).
+    #[serde(default)]
+    pub quantization: Option<String>,
+    /// KV memory per GPU, bytes: skips the memory profile (as in vLLM).
+    #[serde(default)]
+    pub kv_cache_memory_bytes: Option<f64>,
+    /// Sliding-window layers cache every token, as full attention does.
+    #[serde(default)]
+    pub disable_hybrid_kv_cache_manager: bool,
 }
 
-/// Step cost `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5).
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+fn default_tp() -> u32 {
+    1
+}
+
+/// The step-time model (docs/hardware.md): `Linear` (the default),
+/// `Roofline` (needs the pool's model and GPU) or `Table` (measured).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CostKind {
+    /// `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5).
+    #[default]
+    Linear,
+    /// Per layer group, the longer of FLOPs ÷ (peak × mfu) and bytes ÷
+    /// (bandwidth × mbu); all-reduces over the interconnect; an overhead.
+    Roofline,
+    /// The user's measured step times (`file`), interpolated.
+    Table,
+}
+
+/// How long a step takes. The fields of every kind may be present (a sweep
+/// may switch `kind`); only those of `kind` are used.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StepCost {
-    pub c0: f64,
-    pub a: f64,
-    pub omega: f64,
-    pub beta: f64,
+    #[serde(default)]
+    pub kind: CostKind,
+    /// Linear: seconds per step, per scheduled token, per step for the
+    /// weights, per KV token.
+    #[serde(default)]
+    pub c0: Option<f64>,
+    #[serde(default)]
+    pub a: Option<f64>,
+    #[serde(default)]
+    pub omega: Option<f64>,
+    #[serde(default)]
+    pub beta: Option<f64>,
+    /// Roofline: efficiency factors (defaults in docs/hardware.md).
+    #[serde(default)]
+    pub mfu: Option<f64>,
+    #[serde(default)]
+    pub mbu: Option<f64>,
+    #[serde(default)]
+    pub step_overhead: Option<f64>,
+    #[serde(default)]
+    pub allreduce_latency: Option<f64>,
+    /// Table: a CSV of `prefill_tokens,decode_requests,kv_tokens,seconds`
+    /// (relative to the scenario file).
+    #[serde(default)]
+    pub file: Option<String>,
 }
 
-/// NIC capacity: in tokens/s, or in bytes/s with the KV bytes per token.
+/// NIC capacity per NIC: `tokens_per_s`; or `bytes_per_s` or `gbps`, with
+/// `kv_bytes_per_token` (derived from the model when the pool has one).
+/// `count` NICs per pod (default one per GPU: `tensor_parallel_size`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Nic {
@@ -231,7 +304,11 @@ pub struct Nic {
     #[serde(default)]
     pub bytes_per_s: Option<f64>,
     #[serde(default)]
+    pub gbps: Option<f64>,
+    #[serde(default)]
     pub kv_bytes_per_token: Option<f64>,
+    #[serde(default)]
+    pub count: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,37 +429,9 @@ pub struct Phase {
     pub set: BTreeMap<String, String>,
 }
 
-/// How pdsim reads RON: `Some(x)` may be written `x`.
-pub fn ron_options() -> ron::Options {
-    ron::Options::default().with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
-}
-
 /// Parses RON text into a raw scenario; errors name file, line, column and field.
 pub fn parse(text: &str, file: &Path) -> Result<RawScenario> {
     parse_ron(text, file)
-}
-
-/// Parses RON text (a scenario, an experiment file, a preset); errors name
-/// file, line, column and the field's dotted path.
-pub fn parse_ron<T: DeserializeOwned>(text: &str, file: &Path) -> Result<T> {
-    let mut de = ron::Deserializer::from_str_with_options(text, &ron_options())
-        .map_err(|e| Error::new(format!("{}:{e}", file.display())))?;
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let spanned = de.span_error(e.into_inner());
-        let pos = spanned.span.start;
-        Error::new(format!(
-            "{}:{}:{}: in field `{}`: {}",
-            file.display(),
-            pos.line,
-            pos.col,
-            path,
-            spanned.code
-        ))
-    })?;
-    de.end()
-        .map_err(|e| Error::new(format!("{}: {}", file.display(), de.span_error(e))))?;
-    Ok(value)
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override, workload};
+use crate::hardware::presets;
+use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override, pools, workload};
 
 /// Script and trace paths written in a file are relative to that file's folder.
 pub(crate) fn resolve_paths(raw: &mut RawScenario, dir: &Path) {
@@ -18,6 +19,16 @@ pub(crate) fn resolve_paths(raw: &mut RawScenario, dir: &Path) {
     };
     if let Some(t) = &mut raw.workload.trace {
         fix(&mut t.file);
+    }
+    for pool in [&mut raw.prefill, &mut raw.decode] {
+        if let Some(f) = &mut pool.cost.file {
+            fix(f);
+        }
+        for v in [&mut pool.model, &mut pool.gpu].into_iter().flatten() {
+            if presets::is_path(v) {
+                fix(v);
+            }
+        }
     }
     let r = &mut raw.router;
     r.plugins.values_mut().for_each(|p| fix(&mut p.script));
@@ -124,11 +135,7 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             raw.horizon, raw.warmup
         ),
     );
-    let mut nic_rates = [0.0; 2];
-    for (k, (role, pool)) in [("prefill", &raw.prefill), ("decode", &raw.decode)]
-        .into_iter()
-        .enumerate()
-    {
+    for (role, pool) in [("prefill", &raw.prefill), ("decode", &raw.decode)] {
         let e = &pool.engine;
         need(pool.count > 0, format!("{role}.count must be at least 1"));
         need(
@@ -147,62 +154,23 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             e.max_model_len > 1,
             format!("{role}.engine.max_model_len must be at least 2"),
         );
-        let capacity = e.num_gpu_blocks as u64 * e.block_size as u64;
-        need(
-            capacity >= e.max_model_len as u64,
-            format!(
-                "{role}.engine: the KV pool ({} blocks × {} tokens = {capacity} tokens) is smaller than \
-                 max_model_len ({}); vLLM refuses to start such an engine",
-                e.num_gpu_blocks, e.block_size, e.max_model_len
-            ),
-        );
-        let c = &pool.cost;
-        for (name, v) in [
-            ("c0", c.c0),
-            ("a", c.a),
-            ("omega", c.omega),
-            ("beta", c.beta),
-        ] {
-            need(
-                finite_nonneg(v),
-                format!("{role}.cost.{name} must be a finite number >= 0, got {v}"),
-            );
-        }
-        need(
-            c.c0 > 0.0 || c.a > 0.0 || c.omega > 0.0,
-            format!("{role}.cost: a step must take time (c0, a or omega above 0)"),
-        );
-        match (
-            pool.nic.tokens_per_s,
-            pool.nic.bytes_per_s,
-            pool.nic.kv_bytes_per_token,
-        ) {
-            (Some(t), None, None) => {
-                need(
-                    finite_pos(t),
-                    format!("{role}.nic.tokens_per_s must be positive, got {t}"),
-                );
-                nic_rates[k] = t;
-            }
-            (None, Some(b), Some(per)) => {
-                need(
-                    finite_pos(b),
-                    format!("{role}.nic.bytes_per_s must be positive, got {b}"),
-                );
-                need(
-                    finite_pos(per),
-                    format!("{role}.nic.kv_bytes_per_token must be positive, got {per}"),
-                );
-                nic_rates[k] = b / per;
-            }
-            _ => need(
-                false,
-                format!(
-                    "{role}.nic: give either tokens_per_s, or bytes_per_s together with kv_bytes_per_token"
-                ),
-            ),
-        }
     }
+    let lib_dir = lib_dir_of(&raw, source);
+    let lib = lib_dir.as_deref();
+    let prefill = pools::resolve_pool("prefill", &raw.prefill, lib, &mut problems);
+    let decode = pools::resolve_pool("decode", &raw.decode, lib, &mut problems);
+    let plans = pools::finish(
+        [
+            ("prefill", &raw.prefill, prefill),
+            ("decode", &raw.decode, decode),
+        ],
+        &mut problems,
+    );
+    let mut need = |ok: bool, msg: String| {
+        if !ok {
+            problems.push(msg);
+        }
+    };
     need(
         raw.prefill.engine.max_model_len == raw.decode.engine.max_model_len,
         format!(
@@ -280,27 +248,31 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.join("\n  - ")
         )));
     }
-    // Shared script modules: `lib/` beside the scenario's folder, else beside
-    // the folder of the scripts it uses, else in the current directory.
+    let pools = plans.expect("pools resolve when nothing was refused");
+    Ok(Scenario {
+        lib_dir,
+        raw,
+        source: source.to_path_buf(),
+        pools,
+    })
+}
+
+/// Shared script modules and presets: `lib/` beside the scenario's folder,
+/// else beside the folder of the scripts it uses, else in the current
+/// directory.
+fn lib_dir_of(raw: &RawScenario, source: &Path) -> Option<std::path::PathBuf> {
     let scenario_dir = source.parent().unwrap_or(Path::new("."));
     let script_dir = Path::new(&raw.router.decider.script)
         .parent()
         .map(Path::to_path_buf);
-    let lib_dir = [
+    [
         Some(scenario_dir.join("../lib")),
         script_dir.map(|d| d.join("../lib")),
         Some("lib".into()),
     ]
     .into_iter()
     .flatten()
-    .find(|d| d.is_dir());
-    Ok(Scenario {
-        lib_dir,
-        raw,
-        source: source.to_path_buf(),
-        prefill_nic_tokens_per_s: nic_rates[0],
-        decode_nic_tokens_per_s: nic_rates[1],
-    })
+    .find(|d| d.is_dir())
 }
 
 #[cfg(test)]

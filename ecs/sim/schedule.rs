@@ -7,6 +7,7 @@ use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, SingleThreadedExecutor};
 use std::time::Instant;
 
+use crate::engine::cost::StepTime;
 use crate::engine::record::{FinishedRequests, StepRecorder};
 use crate::engine::systems::{StepScratch, step_end_system, step_start_system};
 use crate::engine::{BlockPool, Engine, KvPool, Role};
@@ -78,29 +79,37 @@ impl Sim {
         let mut world = World::new();
         let mut index = EngineIndex::default();
         let mut links = Vec::new();
-        for (role, pool, nic_rate) in [
-            (
-                Role::Prefill,
-                &raw.prefill,
-                scenario.prefill_nic_tokens_per_s,
-            ),
-            (Role::Decode, &raw.decode, scenario.decode_nic_tokens_per_s),
+        let mut pod = 0u32;
+        for (role, pool, plan) in [
+            (Role::Prefill, &raw.prefill, scenario.prefill()),
+            (Role::Decode, &raw.decode, scenario.decode()),
         ] {
             for i in 0..pool.count {
-                let link = links.len() as u32;
-                links.push(nic_rate);
+                let first_link = links.len() as u32;
+                links.extend(std::iter::repeat_n(
+                    plan.nic_tokens_per_s,
+                    plan.nics as usize,
+                ));
                 let e = world
                     .spawn((
-                        Engine::new(role, i, pool.engine, pool.cost)
+                        Engine::new(role, i, pool.engine.clone(), StepTime::of_plan(plan))
                             .with_semantics(raw.engine_semantics)
                             .observing_from(raw.warmup),
-                        KvPool(BlockPool::for_engine(&pool.engine, raw.engine_semantics)),
+                        KvPool(BlockPool::for_engine(
+                            plan.num_gpu_blocks,
+                            pool.engine.block_size,
+                            raw.engine_semantics,
+                        )),
                         Nic {
-                            link,
-                            tokens_per_s: nic_rate,
+                            pod,
+                            first_link,
+                            links: plan.nics,
+                            tp: plan.tp,
+                            tokens_per_s: plan.nic_tokens_per_s,
                         },
                     ))
                     .id();
+                pod += 1;
                 match role {
                     Role::Prefill => index.prefill.push(e),
                     Role::Decode => index.decode.push(e),
@@ -146,6 +155,7 @@ impl Sim {
             raw.transfer.sharing,
             raw.transfer.latency,
             links,
+            pod as usize,
         ));
         world.insert_resource(index);
         world.insert_resource(Clock::default());

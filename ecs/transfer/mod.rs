@@ -16,10 +16,16 @@ pub mod systems;
 
 use sharing::FlowSharing;
 
-/// An instance's NIC: the link index flows use in the bandwidth allocation.
+/// An instance's NICs: `links` consecutive link indices from `first_link`
+/// in the bandwidth allocation, each of `tokens_per_s`; its `tp` ranks use
+/// them evenly ([`crate::hardware::nic`]). `pod` numbers the instances
+/// (prefillers first).
 #[derive(Component, Debug, Clone, Copy)]
 pub struct Nic {
-    pub link: u32,
+    pub pod: u32,
+    pub first_link: u32,
+    pub links: u32,
+    pub tp: u32,
     pub tokens_per_s: f64,
 }
 
@@ -31,18 +37,26 @@ pub struct Lease {
     pub request: Entity,
     pub blocks: Vec<BlockId>,
     pub since: f64,
+    /// Rank-to-rank flows of its transfer still moving.
+    pub parts_left: u32,
 }
 
-/// A transfer in progress over two links: the prefiller's NIC and the
-/// decoder's NIC.
+/// One rank-to-rank part of a transfer in progress, over two links: a NIC
+/// of the prefiller and a NIC of the decoder. With one rank on each side a
+/// transfer is one flow carrying all of it.
 #[derive(Component, Debug)]
 pub struct Flow {
     pub request: Entity,
+    /// The pods at its two ends (for the reads each pod has in progress).
+    pub pods: [u32; 2],
     pub links: [u32; 2],
-    /// Tokens it moves in all, from `started` on.
+    /// Tokens the whole transfer moves, from `started` on, and this part's
+    /// share of them.
     pub tokens: u32,
+    pub share: f64,
     pub started: f64,
-    /// Tokens left as of `updated`.
+    /// Tokens left as of `updated` (in whole-token units: `share × tokens`
+    /// at the start).
     pub remaining: f64,
     pub rate: f64,
     pub updated: f64,
@@ -69,8 +83,10 @@ pub struct Flows {
     pub link_capacity: Vec<f64>,
     /// Flows in the order they started (deterministic iteration).
     pub active: Vec<Entity>,
-    /// Flows per link, for policies (NIC flows in progress).
+    /// Flows per link.
     pub per_link: Vec<u32>,
+    /// Transfers in progress per pod, for policies (`nic_flows`).
+    pub per_pod: Vec<u32>,
     /// The set of flows changed this tick: rates must be recomputed.
     pub changed: bool,
     /// Bumped at each recomputation: older FlowDone events are stale.
@@ -84,6 +100,7 @@ pub struct Flows {
     pub(crate) scratch_links: Vec<[u32; 2]>,
     pub(crate) scratch_rates: Vec<f64>,
     pub(crate) done: Vec<Entity>,
+    pub(crate) parts: Vec<crate::hardware::nic::Part>,
 }
 
 impl Flows {
@@ -92,6 +109,7 @@ impl Flows {
         sharing: SharingModel,
         latency: f64,
         link_capacity: Vec<f64>,
+        pods: usize,
     ) -> Flows {
         let n = link_capacity.len();
         Flows {
@@ -101,6 +119,7 @@ impl Flows {
             link_capacity,
             active: Vec::new(),
             per_link: vec![0; n],
+            per_pod: vec![0; pods],
             changed: false,
             generation: 0,
             completed: 0,
@@ -110,45 +129,47 @@ impl Flows {
             scratch_links: Vec::new(),
             scratch_rates: Vec::new(),
             done: Vec::new(),
+            parts: Vec::new(),
         }
     }
 
+    /// Starts the transfer of `tokens` for `request` from prefiller NICs
+    /// `p` to decoder NICs `d`: one flow per pair of ranks holding the same
+    /// heads. Returns how many flows it made.
     pub(crate) fn start(
         &mut self,
         commands: &mut Commands,
         request: Entity,
-        links: [u32; 2],
+        p: &Nic,
+        d: &Nic,
         tokens: u32,
         now: f64,
-    ) {
-        let flow = Flow {
-            request,
-            links,
-            tokens,
-            started: now,
-            remaining: tokens as f64,
-            rate: 0.0,
-            updated: now,
-            finish_at: f64::INFINITY,
-        };
-        let id = commands.spawn(flow).id();
-        self.active.push(id);
-        for l in links {
-            self.per_link[l as usize] += 1;
+    ) -> u32 {
+        crate::hardware::nic::read_parts(p.tp, p.links, d.tp, d.links, &mut self.parts);
+        for k in 0..self.parts.len() {
+            let part = self.parts[k];
+            let links = [p.first_link + part.source_nic, d.first_link + part.dest_nic];
+            let flow = Flow {
+                request,
+                pods: [p.pod, d.pod],
+                links,
+                tokens,
+                share: part.share,
+                started: now,
+                remaining: part.share * tokens as f64,
+                rate: 0.0,
+                updated: now,
+                finish_at: f64::INFINITY,
+            };
+            let id = commands.spawn(flow).id();
+            self.active.push(id);
+            for l in links {
+                self.per_link[l as usize] += 1;
+            }
         }
+        self.per_pod[p.pod as usize] += 1;
+        self.per_pod[d.pod as usize] += 1;
         self.changed = true;
+        self.parts.len() as u32
     }
-}
-
-/// Starts the copy of a finished prefill out of the prefiller
-/// (store-and-forward mode), over the same two NICs as a read.
-pub fn start_copy(
-    flows: &mut Flows,
-    commands: &mut Commands,
-    request: Entity,
-    links: [u32; 2],
-    tokens: u32,
-    now: f64,
-) {
-    flows.start(commands, request, links, tokens, now);
 }

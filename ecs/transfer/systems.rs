@@ -18,7 +18,7 @@ pub fn transfer_system(
     events: Res<TickEvents>,
     mut flows: ResMut<Flows>,
     flow_q: Query<&Flow>,
-    leases: Query<&Lease>,
+    mut leases: Query<&mut Lease>,
     mut engines: Query<(&mut Engine, &mut KvPool, &Nic)>,
     mut reqs: Query<&mut Request>,
 ) {
@@ -38,8 +38,6 @@ pub fn transfer_system(
             for l in flow.links {
                 flows.per_link[l as usize] -= 1;
             }
-            flows.completed += 1;
-            flows.completed_tokens += flow.tokens as u64;
             if let Some(s) = &mut flows.slices {
                 s.push(FlowSlice {
                     request: reqs.get(flow.request).expect("transferring request").id,
@@ -49,6 +47,21 @@ pub fn transfer_system(
                     end: now,
                 });
             }
+            // The transfer is done when its last rank-to-rank flow is.
+            let lease_id = reqs.get(flow.request).expect("transferring request").lease;
+            let mut lease = leases
+                .get_mut(lease_id.expect("a transfer has a lease"))
+                .expect("lease");
+            lease.parts_left -= 1;
+            if lease.parts_left > 0 {
+                commands.entity(f).despawn();
+                continue;
+            }
+            for pod in flow.pods {
+                flows.per_pod[pod as usize] -= 1;
+            }
+            flows.completed += 1;
+            flows.completed_tokens += flow.tokens as u64;
             complete(
                 flow.request,
                 now,
@@ -65,18 +78,16 @@ pub fn transfer_system(
     for &request in &events.read_starts {
         let mut r = reqs.get_mut(request).expect("a parked request");
         r.read_started_at = Some(now);
-        let p = engines
+        let p = *engines
             .get(r.prefiller.expect("remote"))
             .expect("prefiller")
-            .2
-            .link;
-        let d = engines
-            .get(r.decoder.expect("routed"))
-            .expect("decoder")
-            .2
-            .link;
-        let tokens = r.remote_tokens;
-        flows.start(&mut commands, request, [p, d], tokens, now);
+            .2;
+        let d = *engines.get(r.decoder.expect("routed")).expect("decoder").2;
+        let parts = flows.start(&mut commands, request, &p, &d, r.remote_tokens, now);
+        leases
+            .get_mut(r.lease.expect("a read has a lease"))
+            .expect("lease")
+            .parts_left = parts;
     }
 }
 
@@ -86,7 +97,7 @@ fn complete(
     now: f64,
     mode: TransferMode,
     commands: &mut Commands,
-    leases: &Query<&Lease>,
+    leases: &Query<&mut Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool, &Nic)>,
     reqs: &mut Query<&mut Request>,
 ) {

@@ -5,9 +5,11 @@
 use std::path::Path;
 
 /// The rooms from the bottom up; a room may use those before it.
-const ORDER: [&str; 13] = [
+const ORDER: [&str; 15] = [
     "error",
+    "files",
     "stats",
+    "hardware",
     "scenario",
     "shared",
     "engine",

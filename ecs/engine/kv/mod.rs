@@ -19,7 +19,7 @@ use bevy_ecs::prelude::*;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use crate::scenario::{EngineConfig, EngineSemantics};
+use crate::scenario::EngineSemantics;
 
 mod free_queue;
 pub mod identity;
@@ -107,14 +107,14 @@ impl BlockPool {
         }
     }
 
-    /// The KV pool of an engine of configuration `cfg`: `num_gpu_blocks`
-    /// blocks, or with vLLM 0.33's semantics one fewer (`BlockPool.__init__`
+    /// The KV pool of an engine of `num_gpu_blocks` blocks of `block_size`
+    /// tokens, or with vLLM 0.33's semantics one fewer (`BlockPool.__init__`
     /// pops block 0 as the null block) and its free and duplicate rules.
-    pub fn for_engine(cfg: &EngineConfig, semantics: EngineSemantics) -> Self {
+    pub fn for_engine(num_gpu_blocks: u32, block_size: u32, semantics: EngineSemantics) -> Self {
         match semantics {
-            EngineSemantics::Reference => Self::new(cfg.num_gpu_blocks, cfg.block_size),
+            EngineSemantics::Reference => Self::new(num_gpu_blocks, block_size),
             EngineSemantics::Vllm033 => {
-                let mut pool = Self::new(cfg.num_gpu_blocks.saturating_sub(1), cfg.block_size);
+                let mut pool = Self::new(num_gpu_blocks.saturating_sub(1), block_size);
                 pool.vllm = true;
                 pool
             }
@@ -496,14 +496,7 @@ mod tests {
     }
 
     fn vllm_pool(num_gpu_blocks: u32, block_size: u32) -> BlockPool {
-        let cfg = EngineConfig {
-            max_num_batched_tokens: 64,
-            max_num_seqs: 4,
-            num_gpu_blocks,
-            block_size,
-            max_model_len: 16,
-        };
-        BlockPool::for_engine(&cfg, EngineSemantics::Vllm033)
+        BlockPool::for_engine(num_gpu_blocks, block_size, EngineSemantics::Vllm033)
     }
 
     #[test]

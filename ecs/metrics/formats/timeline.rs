@@ -99,10 +99,12 @@ impl Timeline {
                 json!({"name": "thread_name", "ph": "M", "pid": pid, "tid": NIC_TID,
                            "args": {"name": "NIC flows"}}),
             );
-            if t.link_pid.len() <= nic.link as usize {
-                t.link_pid.resize(nic.link as usize + 1, 0);
+            // All of a pod's NICs draw on its "NIC flows" track.
+            let links = nic.first_link as usize..(nic.first_link + nic.links) as usize;
+            if t.link_pid.len() < links.end {
+                t.link_pid.resize(links.end, 0);
             }
-            t.link_pid[nic.link as usize] = pid;
+            t.link_pid[links].fill(pid);
             // Each engine keeps the slices of its steps in the window.
             let mut engine = world.get_mut::<Engine>(e).expect("an engine");
             engine.slices = Some(Box::new(crate::engine::record::StepSlices {
@@ -174,7 +176,7 @@ impl Timeline {
     /// Takes the steps and flows that ended since the last tick.
     pub fn take(&mut self, world_engines: &mut Query<(&mut Engine, &Nic)>, flows: &mut Flows) {
         for (mut e, nic) in world_engines.iter_mut() {
-            let pid = self.link_pid[nic.link as usize];
+            let pid = self.link_pid[nic.first_link as usize];
             let Some(s) = e.slices.as_mut() else { continue };
             let steps = std::mem::take(&mut s.steps);
             for st in &steps {
