@@ -145,11 +145,19 @@ pub enum Command {
         #[command(flatten)]
         files: OutputArgs,
     },
-    /// Validate a scenario and compile its scripts without running it.
+    /// Validate a scenario and compile its scripts without running it; print
+    /// what it derives (hardware, KV blocks, NICs, probe step times).
     Check {
         scenario: PathBuf,
         #[command(flatten)]
         opts: RunOptions,
+        /// Everything derived, as JSON.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+        /// Simulate `vllm bench latency --batch-size B --input-len I
+        /// --output-len O` on one pod of each pool (repeatable).
+        #[arg(long, value_name = "B:I:O")]
+        latency: Vec<crate::check::LatencyArgs>,
     },
     /// Run a scenario over a grid of parameters × seeds, in parallel;
     /// summarise each point (median over seeds and range). Resumable.
@@ -224,9 +232,19 @@ fn execute(command: Command) -> Result<()> {
             print!("{}", report.to_text());
             Ok(())
         }
-        Command::Check { scenario, opts } => {
+        Command::Check {
+            scenario,
+            opts,
+            json,
+            latency,
+        } => {
             let sc = scenario::load(&scenario, &opts.overrides())?;
             Sim::new(&sc)?;
+            let derived = crate::check::Derived::of(&sc, &latency);
+            if let Some(path) = json {
+                write_atomic(&path, &derived.to_json_text())?;
+            }
+            print!("{}", derived.to_text());
             let r = &sc.raw;
             println!(
                 "{}: ok ({} prefill × {} decode, {} scripts compiled, {} phases)",

@@ -21,6 +21,7 @@
 //! `workload`, `metrics` → `router` → `transfer` → `engine` → `shared` →
 //! `scenario`, `stats` → `error`.
 
+pub mod check;
 pub mod cli;
 pub mod engine;
 pub mod error;

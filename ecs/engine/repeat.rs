@@ -72,3 +72,36 @@ impl Engine {
         None
     }
 }
+
+impl Engine {
+    /// The simulation ends at `horizon` during a run of repeated steps:
+    /// applies the steps of the run that ended by then, as step-by-step
+    /// formation would have (the rest never happen).
+    pub fn end_run_at(
+        &mut self,
+        horizon: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+        log: &mut crate::engine::StepLog,
+    ) {
+        let Some(end) = self.busy_until else { return };
+        if self.repeat <= 1 || end <= horizon {
+            return;
+        }
+        let (mut t, mut k) = (self.step_start, 0);
+        for j in 0..self.repeat as u64 {
+            let next = t + self.run_step_cost(j);
+            if next > horizon {
+                break;
+            }
+            t = next;
+            k += 1;
+        }
+        if k == 0 {
+            return;
+        }
+        self.repeat = k;
+        self.busy_until = Some(t);
+        self.finish_step(t, kv, reqs, log);
+    }
+}

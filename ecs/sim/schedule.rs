@@ -5,12 +5,13 @@
 
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, SingleThreadedExecutor};
+use bevy_ecs::system::RunSystemOnce;
 use std::time::Instant;
 
 use crate::engine::cost::StepTime;
 use crate::engine::record::{FinishedRequests, StepRecorder};
 use crate::engine::systems::{StepScratch, step_end_system, step_start_system};
-use crate::engine::{BlockPool, Engine, KvPool, Role};
+use crate::engine::{BlockPool, Engine, KvPool, Request, Role, StepLog};
 use crate::error::Result;
 use crate::metrics::figures::{SeriesRecorder, series_system};
 use crate::metrics::gauges::observe_system;
@@ -267,11 +268,20 @@ impl Sim {
                 return Err(e);
             }
         }
+        self.end_runs();
         self.world.resource_mut::<Gauges>().advance(self.horizon);
         Ok(Report::collect(
             &mut self.world,
             wall.elapsed().as_secs_f64(),
         ))
+    }
+
+    /// Runs of repeated decode steps in progress at the horizon: their steps
+    /// that ended by then count, as they would step by step.
+    fn end_runs(&mut self) {
+        self.world
+            .run_system_once_with(end_runs_system, self.horizon)
+            .expect("engines and requests are plain queries");
     }
 
     /// One tick at time `t`: hand over the events due, run the systems.
@@ -317,5 +327,17 @@ impl Sim {
         let mut rec = self.world.remove_resource::<SeriesRecorder>()?;
         rec.finish();
         Some(rec)
+    }
+}
+
+fn end_runs_system(
+    In(horizon): In<f64>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
+    mut reqs: Query<&mut Request>,
+) {
+    let mut log = StepLog::default();
+    for (mut engine, mut kv) in &mut engines {
+        log.clear();
+        engine.end_run_at(horizon, &mut kv.0, &mut reqs, &mut log);
     }
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 /// The rooms from the bottom up; a room may use those before it.
-const ORDER: [&str; 15] = [
+const ORDER: [&str; 16] = [
     "error",
     "files",
     "stats",
@@ -18,6 +18,7 @@ const ORDER: [&str; 15] = [
     "metrics",
     "workload",
     "sim",
+    "check",
     "replay",
     "experiment",
     "cli",

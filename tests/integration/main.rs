@@ -3,6 +3,7 @@
 mod common;
 mod errors;
 mod golden;
+mod hardware;
 mod layout;
 mod mechanisms;
 mod outputs;
