@@ -79,8 +79,8 @@ pub struct PodFigures {
     pub kv_bytes_per_token: f64,
     pub block_bytes: f64,
     pub flops_per_token: f64,
-    /// The memory profile (absent when `kv_cache_memory_bytes` is given it
-    /// is still shown, with that figure as the KV memory).
+    /// The memory profile (with `kv_cache_memory_bytes`, that figure is the
+    /// KV memory).
     pub memory: MemoryFigures,
 }
 
@@ -171,13 +171,19 @@ fn step_time_name(plan: &PoolPlan) -> String {
             "Roofline (mfu {}, mbu {}, step_overhead {} s, allreduce_latency {} s)",
             e.mfu, e.mbu, e.step_overhead, e.allreduce_latency
         ),
-        CostPlan::Table { file, table } => format!(
-            "Table ({}: {} × {} × {} grid)",
-            file.display(),
-            table.axes[0].len(),
-            table.axes[1].len(),
-            table.axes[2].len()
-        ),
+        CostPlan::Table { file, table } => {
+            let range = |k: usize, name: &str| {
+                let a = &table.axes[k];
+                format!("{name} {}–{} ({} values)", a[0], a[a.len() - 1], a.len())
+            };
+            format!(
+                "Table ({}: {}, {}, {})",
+                file.display(),
+                range(0, "prefill_tokens"),
+                range(1, "decode_requests"),
+                range(2, "kv_tokens")
+            )
+        }
     }
 }
 
@@ -265,7 +271,7 @@ impl Derived {
                         pod.gpu.name,
                         pod.tensor_parallel_size
                     );
-                    write_pod(&mut o, pod, p.block_size);
+                    write_pod(&mut o, pod);
                 }
                 None => {
                     let _ = writeln!(o, "{}: {} pods (abstract units)", p.role, p.count);
@@ -322,7 +328,7 @@ impl Derived {
     }
 }
 
-fn write_pod(o: &mut String, pod: &PodFigures, _block_size: u32) {
+fn write_pod(o: &mut String, pod: &PodFigures) {
     let m = &pod.model;
     let mut arch = format!(
         "{} layers, hidden {}, {} heads, {} KV heads × {}",
@@ -368,7 +374,7 @@ fn write_pod(o: &mut String, pod: &PodFigures, _block_size: u32) {
     let _ = writeln!(o, "  per GPU        weights {}", gib(pod.weight_bytes));
     let _ = writeln!(
         o,
-        "                 KV {} per token ({} layers × {}, {} cache)",
+        "                 KV {} per token ({} layers × {}, kv_cache_dtype {})",
         bytes(pod.kv_bytes_per_token),
         pod.kv_layers,
         bytes(pod.kv_bytes_per_token / f64::from(pod.kv_layers)),

@@ -399,3 +399,44 @@ fn check_prints_and_writes_what_the_guide_derives() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("BATCH:INPUT:OUTPUT"));
 }
+
+#[test]
+fn nics_and_step_models_are_refused_when_they_cannot_be_converted() {
+    let load = |sets: &[&str]| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        pdsim::scenario::load(Path::new("tests/scenarios/tiny.ron"), &sets)
+            .expect_err("refused")
+            .to_string()
+    };
+    let err = load(&["prefill.nic.tokens_per_s=null", "prefill.nic.gbps=400"]);
+    assert!(
+        err.contains("prefill.nic.gbps needs kv_bytes_per_token, or a `model`"),
+        "{err}"
+    );
+    let err = load(&["decode.nic.gbps=400"]);
+    assert!(
+        err.contains("decode.nic: give one of tokens_per_s, bytes_per_s or gbps"),
+        "{err}"
+    );
+    let err = load(&["decode.nic.count=2"]);
+    assert!(
+        err.contains("decode.nic.count must be between 1 and the pod's GPUs (1)"),
+        "{err}"
+    );
+    let err = load(&["decode.cost.kind=Roofline"]);
+    assert!(
+        err.contains("the Roofline step time needs the pool's `model` and `gpu`"),
+        "{err}"
+    );
+    let err = load(&["decode.cost.kind=Table"]);
+    assert!(err.contains("the Table step time needs `file`"), "{err}");
+    let err = load(&["decode.cost.c0=null"]);
+    assert!(err.contains("decode.cost.c0 is missing"), "{err}");
+    let err = load(&["decode.engine.num_gpu_blocks=null"]);
+    assert!(
+        err.contains(
+            "decode.engine.num_gpu_blocks is missing: give it, or name the pool's `model` and `gpu`"
+        ),
+        "{err}"
+    );
+}
