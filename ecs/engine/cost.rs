@@ -55,6 +55,7 @@ impl StepTime {
 
 /// `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5): a step of
 /// `tokens` scheduled tokens whose requests hold `kv_tokens` of KV.
+#[inline]
 pub fn linear(c: &LinearCost, tokens: u64, kv_tokens: u64) -> f64 {
     c.c0 + (c.omega + c.beta * kv_tokens as f64).max(tokens as f64 * c.a)
 }
@@ -100,6 +101,7 @@ impl Engine {
     }
 
     /// The cost of step `j` (from 0) of the run in progress.
+    #[inline]
     pub(crate) fn run_step_cost(&self, j: u64) -> f64 {
         match &self.cost {
             StepTime::Linear(c) => {

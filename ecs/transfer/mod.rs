@@ -145,7 +145,17 @@ impl Flows {
         tokens: u32,
         now: f64,
     ) -> u32 {
-        crate::hardware::nic::read_parts(p.tp, p.links, d.tp, d.links, &mut self.parts);
+        if p.tp == 1 && d.tp == 1 {
+            // One rank each side: one flow carrying the whole read.
+            self.parts.clear();
+            self.parts.push(crate::hardware::nic::Part {
+                source_nic: 0,
+                dest_nic: 0,
+                share: 1.0,
+            });
+        } else {
+            crate::hardware::nic::read_parts(p.tp, p.links, d.tp, d.links, &mut self.parts);
+        }
         for k in 0..self.parts.len() {
             let part = self.parts[k];
             let links = [p.first_link + part.source_nic, d.first_link + part.dest_nic];
