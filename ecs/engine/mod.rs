@@ -169,6 +169,8 @@ pub struct Engine {
     pub slices: Option<Box<StepSlices>>,
     step_prompt_tokens: u32,
     step_preempted: u32,
+    /// The pod is down (a fault): it holds nothing and accepts nothing.
+    pub down: bool,
 }
 
 impl Engine {
@@ -208,6 +210,7 @@ impl Engine {
             slices: None,
             step_prompt_tokens: 0,
             step_preempted: 0,
+            down: false,
         }
     }
 
@@ -292,6 +295,59 @@ impl Engine {
             kv.free(&blocks);
         }
         true
+    }
+
+    /// The pod goes down: every request it held is gone (the caller fails
+    /// them), its step in progress never ends, its KV pool and prefix cache
+    /// are lost.
+    pub fn go_down(&mut self, kv: &mut BlockPool) {
+        self.down = true;
+        self.running.clear();
+        self.waiting.clear();
+        self.ready.clear();
+        self.parked = 0;
+        self.backlog = 0;
+        self.step.clear();
+        self.busy_until = None;
+        self.repeat = 1;
+        self.generation += 1;
+        self.dirty = false;
+        self.undelivered_reads.clear();
+        self.undelivered_frees.clear();
+        *kv = kv.emptied();
+    }
+
+    /// The pod is back, empty.
+    pub fn come_up(&mut self) {
+        self.down = false;
+        self.dirty = true;
+    }
+
+    /// A request waiting in a queue or parked (not running) leaves: it
+    /// failed elsewhere. Its blocks are freed.
+    pub fn abort_queued(&mut self, id: Entity, kv: &mut BlockPool, r: &mut Request) {
+        debug_assert_ne!(
+            r.status,
+            Status::Running,
+            "only queued requests are aborted"
+        );
+        self.waiting.retain(|&w| w != id);
+        let before = self.ready.len();
+        self.ready.retain(|&w| w != id);
+        let in_ready = self.ready.len() < before;
+        // A parked request is counted in `parked` (and with vLLM 0.33 kept in
+        // `ready`); a ready one (read done) has left the count.
+        let parked = match self.semantics {
+            EngineSemantics::Reference => r.status == Status::Parked,
+            EngineSemantics::Vllm033 => in_ready,
+        };
+        if parked {
+            self.parked -= 1;
+        }
+        self.undelivered_reads.retain(|&w| w != id);
+        kv.free(&r.blocks);
+        r.blocks.clear();
+        self.dirty = true;
     }
 
     /// A parked request's KV has arrived: it waits for a slot ahead of new ones.

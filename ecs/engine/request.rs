@@ -29,6 +29,8 @@ pub enum Status {
     PrefillDone,
     /// Last token produced.
     Finished,
+    /// It failed (a fault): its retirement takes it out of the run.
+    Failed,
 }
 
 /// How the decode leg gets its prompt's KV.
@@ -115,6 +117,18 @@ pub struct Request {
     pub lease: Option<Entity>,
     /// Trace requests routed without a router: prefill remotely?
     pub trace_remote: bool,
+    /// Parallel dispatch: the other leg's entity (the prefill leg points to
+    /// the decode leg, which is the request; and back).
+    pub twin: Option<Entity>,
+    /// Push mode: the decoder's registration of its blocks reached the
+    /// prefiller.
+    pub registered: bool,
+    /// Retries so far: the sidecar's of its prefill leg, the client's.
+    pub prefill_retries: u32,
+    pub client_retries: u32,
+    /// It can never finish: the KV it waits for will not come (an expired
+    /// push lease, a lost prefill answer, a prefiller gone in push mode).
+    pub stuck: bool,
 }
 
 impl Request {
@@ -162,7 +176,43 @@ impl Request {
             remote_tokens: 0,
             lease: None,
             trace_remote: false,
+            twin: None,
+            registered: false,
+            prefill_retries: 0,
+            client_retries: 0,
+            stuck: false,
         }
+    }
+
+    /// The prefill leg of a request dispatched in parallel (the request
+    /// itself is its decode leg, the twin).
+    pub fn is_prefill_twin(&self) -> bool {
+        self.leg == Leg::Prefill && self.twin.is_some()
+    }
+
+    /// The request failed and its client sends it again: it starts afresh
+    /// at the gateway (its arrival time `t0` stays: latencies count from
+    /// the first attempt).
+    pub fn reset_for_retry(&mut self) {
+        debug_assert!(self.blocks.is_empty(), "a failed request holds no KV");
+        *self = Request {
+            turn: self.turn,
+            phase: self.phase,
+            new_tokens: self.new_tokens,
+            next_turn: self.next_turn,
+            preemptions: self.preemptions,
+            trace_remote: self.trace_remote,
+            prefill_retries: 0,
+            client_retries: self.client_retries,
+            ..Request::new(
+                self.id,
+                self.session,
+                std::mem::take(&mut self.path),
+                self.prompt,
+                self.output,
+                self.t0,
+            )
+        };
     }
 
     /// Tokens the engine knows for this leg: the prompt plus what it sampled

@@ -1,7 +1,8 @@
 //! Counters over the whole run (from t = 0, warm-up included, as vLLM's
-//! Prometheus counters are): what arrived, finished or was refused, and the
-//! tokens involved. Every request is accounted for:
-//! `requests_arrived = requests_finished + requests_too_long + requests_in_flight`.
+//! Prometheus counters are): what arrived, finished, failed or was refused,
+//! and the tokens involved. Every request is accounted for:
+//! `requests_arrived = requests_finished + requests_too_long +
+//! requests_failed + requests_in_flight`.
 
 use bevy_ecs::prelude::*;
 
@@ -18,6 +19,14 @@ pub struct Counters {
     pub prompt_tokens: u64,
     /// Tokens generated for the requests that finished.
     pub generated_tokens: u64,
+    /// Requests that failed for good (after the client's retries), by reason.
+    pub requests_failed: u64,
+    pub failed_by_reason: std::collections::BTreeMap<&'static str, u64>,
+    /// Retries: the sidecar's of a prefill leg, the client's of a request.
+    pub prefill_retries: u64,
+    pub client_retries: u64,
+    /// Failed turns whose session had a next turn it will not issue.
+    pub sessions_ended_by_failure: u64,
 }
 
 impl Counters {
@@ -29,6 +38,12 @@ impl Counters {
         } else {
             self.prompt_tokens += prompt;
         }
+    }
+
+    /// A request failed for good.
+    pub fn failed(&mut self, reason: &'static str) {
+        self.requests_failed += 1;
+        *self.failed_by_reason.entry(reason).or_default() += 1;
     }
 
     /// A request produced its last token: `output` tokens in all.

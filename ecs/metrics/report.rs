@@ -147,10 +147,31 @@ fn summaries(obs: &PhaseObservations) -> BTreeMap<String, Summary> {
     out
 }
 
+/// Counters that only faults, leases or retries move: the text report
+/// leaves them out while they are 0.
+const FAULT_COUNTERS: [&str; 8] = [
+    "requests_failed_",
+    "requests_stuck",
+    "prefill_retries",
+    "client_retries",
+    "sessions_ended_by_failure",
+    "leases_expired",
+    "reads_of_freed_blocks",
+    "stranded_kv_token_seconds",
+];
+
 /// Every counter of the run, by name.
 fn counters(world: &mut World) -> BTreeMap<String, u64> {
     let c = world.resource::<Counters>().clone();
-    let in_flight = world.query::<&Request>().iter(world).count() as u64;
+    // A request dispatched in parallel is its decode leg; its prefill leg
+    // is not a request of its own.
+    let (mut in_flight, mut stuck) = (0, 0);
+    for r in world.query::<&Request>().iter(world) {
+        if !r.is_prefill_twin() {
+            in_flight += 1;
+            stuck += r.stuck as u64;
+        }
+    }
     let mut out = BTreeMap::new();
     let mut put = |name: &str, v: u64| {
         out.insert(name.to_string(), v);
@@ -159,6 +180,15 @@ fn counters(world: &mut World) -> BTreeMap<String, u64> {
     put("requests_finished", c.requests_finished);
     put("requests_too_long", c.requests_too_long);
     put("requests_in_flight", in_flight);
+    put("requests_failed", c.requests_failed);
+    for reason in crate::shared::FailReason::ALL {
+        let n = c.failed_by_reason.get(reason.name()).copied().unwrap_or(0);
+        put(&format!("requests_failed_{}", reason.name()), n);
+    }
+    put("requests_stuck", stuck);
+    put("prefill_retries", c.prefill_retries);
+    put("client_retries", c.client_retries);
+    put("sessions_ended_by_failure", c.sessions_ended_by_failure);
     put("prompt_tokens", c.prompt_tokens);
     put("generated_tokens", c.generated_tokens);
     let mut cache = [[0u64; 2]; 2];
@@ -174,6 +204,12 @@ fn counters(world: &mut World) -> BTreeMap<String, u64> {
     let flows = world.resource::<Flows>();
     put("kv_transfers", flows.completed);
     put("kv_transfer_tokens", flows.completed_tokens);
+    put("leases_expired", flows.leases_expired);
+    put("reads_of_freed_blocks", flows.reads_of_freed_blocks);
+    put(
+        "stranded_kv_token_seconds",
+        flows.stranded_token_seconds.round() as u64,
+    );
     out
 }
 
@@ -289,8 +325,14 @@ impl Report {
         for (name, v) in &self.gauges {
             let _ = writeln!(out, "  {name:<18}{v:>12.4}");
         }
-        let _ = writeln!(out, "\ncounters (whole run, from t = 0)");
+        let _ = writeln!(
+            out,
+            "\ncounters (whole run, from t = 0; faults' counters when not 0)"
+        );
         for (name, v) in &self.counters {
+            if *v == 0 && FAULT_COUNTERS.iter().any(|c| name.starts_with(c)) {
+                continue;
+            }
             let _ = writeln!(out, "  {name:<28}{v:>12}");
         }
         let frac = |n: &str| {

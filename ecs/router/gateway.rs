@@ -5,12 +5,15 @@
 
 use bevy_ecs::prelude::*;
 
-use crate::engine::{Engine, KvPool, Leg, Request, Role, reusable};
+use crate::engine::{Engine, KvPool, KvSource, Leg, Request, Role, Status, reusable};
 use crate::error::Error;
 use crate::router::book::RouterBook;
 use crate::router::policy::{PodView, ReqView};
 use crate::router::{Router, RouterMode};
-use crate::shared::{EngineIndex, Gateway, RunStatus};
+use crate::scenario::Dispatch;
+use crate::shared::{
+    Clock, CurrentScenario, EngineIndex, FailReason, Failed, Gateway, RunStatus, TickEvents,
+};
 use crate::transfer::{Flows, Nic};
 
 pub fn req_view(r: &Request, block_size: u32) -> ReqView {
@@ -63,9 +66,14 @@ fn pod_view(
     }
 }
 
-/// System: route every request that reached the gateway this tick.
+/// System: route every request that reached the gateway this tick (and
+/// those its client sends again); send failed prefill legs again to their
+/// prefiller (the sidecar's retries).
 #[allow(clippy::too_many_arguments)]
 pub fn routing_system(
+    mut commands: Commands,
+    clock: Res<Clock>,
+    events: Res<TickEvents>,
     mut gateway: ResMut<Gateway>,
     mut router: NonSendMut<Router>,
     index: Res<EngineIndex>,
@@ -73,10 +81,28 @@ pub fn routing_system(
     mut reqs: Query<&mut Request>,
     flows: Res<Flows>,
     mut status: ResMut<RunStatus>,
+    mut failed: ResMut<Failed>,
+    scenario: Res<CurrentScenario>,
 ) {
+    let now = clock.now;
+    for &id in &events.prefill_retries {
+        let mut r = reqs.get_mut(id).expect("a prefill leg to send again");
+        let p = r.prefiller.expect("remote");
+        let (mut engine, _, _) = engines.get_mut(p).expect("prefiller");
+        if engine.down {
+            r.status = Status::Failed;
+            failed.queue.push((id, FailReason::PrefillerDown));
+        } else {
+            r.status = Status::Waiting;
+            r.leg_arrived_at = now;
+            engine.enqueue(id);
+        }
+    }
+    gateway.queue.extend_from_slice(&events.client_retries);
     if gateway.queue.is_empty() || status.error.is_some() {
         return;
     }
+    let parallel = scenario.0.router.dispatch == Dispatch::Parallel;
     let router = &mut *router;
     for i in 0..gateway.queue.len() {
         let id = gateway.queue[i];
@@ -84,45 +110,95 @@ pub fn routing_system(
         let decision = route(id, router, &index, &engines, &reqs, &flows);
         router.decisions += 1;
         router.seconds += started.elapsed().as_secs_f64();
-        match decision {
-            Ok((decoder, prefiller)) => {
-                let mut r = reqs.get_mut(id).expect("routed request");
-                tracing::debug!(
-                    request = r.id,
-                    session = r.session,
-                    prompt = r.prompt,
-                    remote = prefiller.is_some(),
-                    "routed"
-                );
-                r.decoder = Some(decoder);
-                r.prefiller = prefiller;
-                let target = match prefiller {
-                    Some(p) => {
-                        r.leg = Leg::Prefill;
-                        p
-                    }
-                    None => decoder,
-                };
-                let d_index = engines.get(decoder).expect("decoder").0.index;
-                router.book.routed(
-                    d_index,
-                    prefiller.map(|p| engines.get(p).expect("prefiller").0.index),
-                    r.prompt,
-                    &r.path,
-                );
-                engines.get_mut(target).expect("engine").0.enqueue(id);
+        let (decoder, prefiller) = match decision {
+            Ok(Some(choice)) => choice,
+            Ok(None) => {
+                reqs.get_mut(id).expect("routed request").status = Status::Failed;
+                failed.queue.push((id, FailReason::NoEndpoint));
+                continue;
             }
             Err(e) => {
                 status.error = Some(e);
                 break;
             }
+        };
+        let mut r = reqs.get_mut(id).expect("routed request");
+        tracing::debug!(
+            request = r.id,
+            session = r.session,
+            prompt = r.prompt,
+            remote = prefiller.is_some(),
+            "routed"
+        );
+        r.decoder = Some(decoder);
+        r.prefiller = prefiller;
+        let d_index = engines.get(decoder).expect("decoder").0.index;
+        router.book.routed(
+            d_index,
+            prefiller.map(|p| engines.get(p).expect("prefiller").0.index),
+            r.prompt,
+            &r.path,
+        );
+        let Some(p) = prefiller else {
+            enqueue(id, &mut r, decoder, &mut engines, &mut failed);
+            continue;
+        };
+        r.leg = Leg::Prefill;
+        if parallel {
+            // vLLM's push proxy: the decode leg goes out at once, as its
+            // own entity (the request), and books its blocks on the decoder
+            // while the prefill leg runs.
+            let mut twin = r.clone();
+            twin.leg = Leg::Decode;
+            twin.kv_source = KvSource::RemotePending;
+            twin.twin = Some(id);
+            let twin_id = commands.spawn_empty().id();
+            r.twin = Some(twin_id);
+            r.next_turn = None;
+            enqueue(id, &mut r, p, &mut engines, &mut failed);
+            if engines.get(decoder).expect("decoder").0.down {
+                twin.status = Status::Failed;
+                failed.queue.push((twin_id, FailReason::DecoderDown));
+            } else {
+                engines
+                    .get_mut(decoder)
+                    .expect("decoder")
+                    .0
+                    .enqueue(twin_id);
+            }
+            commands.entity(twin_id).insert(twin);
+        } else {
+            enqueue(id, &mut r, p, &mut engines, &mut failed);
         }
     }
     gateway.queue.clear();
 }
 
+/// Sends request `id` to `target`, or fails it there if the pod is down
+/// (the router did not know yet).
+fn enqueue(
+    id: Entity,
+    r: &mut Request,
+    target: Entity,
+    engines: &mut Query<(&mut Engine, &KvPool, &Nic)>,
+    failed: &mut Failed,
+) {
+    let (mut engine, _, _) = engines.get_mut(target).expect("engine");
+    if engine.down {
+        r.status = Status::Failed;
+        let reason = match engine.role {
+            Role::Prefill => FailReason::PrefillerDown,
+            Role::Decode => FailReason::DecoderDown,
+        };
+        failed.queue.push((id, reason));
+    } else {
+        engine.enqueue(id);
+    }
+}
+
 /// The llm-d disaggregation profile handler: decode profile, decider, then
-/// the prefill profile when the decider says so.
+/// the prefill profile when the decider says so. Pods the router knows to
+/// be down are not candidates; `None` when no pod of a role is left.
 fn route(
     id: Entity,
     router: &mut Router,
@@ -130,11 +206,14 @@ fn route(
     engines: &Query<(&mut Engine, &KvPool, &Nic)>,
     reqs: &Query<&mut Request>,
     flows: &Flows,
-) -> Result<(Entity, Option<Entity>), Error> {
+) -> Result<Option<(Entity, Option<Entity>)>, Error> {
     let r = reqs.get(id).expect("request at the gateway");
     let policies = match &mut router.mode {
         RouterMode::Direct => {
-            return Ok((index.decode[0], r.trace_remote.then(|| index.prefill[0])));
+            return Ok(Some((
+                index.decode[0],
+                r.trace_remote.then(|| index.prefill[0]),
+            )));
         }
         RouterMode::Scripts(p) => p,
     };
@@ -145,23 +224,40 @@ fn route(
         .0
         .block_size();
     let req = req_view(r, bs);
+    let n_prefill = index.prefill.len();
     router.pods.clear();
-    for &e in &index.decode {
+    router.candidates.clear();
+    for (j, &e) in index.decode.iter().enumerate() {
+        if router.known_down.get(n_prefill + j) == Some(&true) {
+            continue;
+        }
+        router.candidates.push(e);
         router
             .pods
             .push(pod_view(e, r, engines, flows, &router.book));
+    }
+    if router.pods.is_empty() {
+        return Ok(None);
     }
     let j = policies.choose(Role::Decode, &req, &router.pods)?;
-    let decoder = index.decode[j];
+    let decoder = router.candidates[j];
     if !policies.decide(&req, &router.pods[j])? {
-        return Ok((decoder, None));
+        return Ok(Some((decoder, None)));
     }
     router.pods.clear();
-    for &e in &index.prefill {
+    router.candidates.clear();
+    for (i, &e) in index.prefill.iter().enumerate() {
+        if router.known_down.get(i) == Some(&true) {
+            continue;
+        }
+        router.candidates.push(e);
         router
             .pods
             .push(pod_view(e, r, engines, flows, &router.book));
     }
+    if router.pods.is_empty() {
+        return Ok(None);
+    }
     let i = policies.choose(Role::Prefill, &req, &router.pods)?;
-    Ok((decoder, Some(index.prefill[i])))
+    Ok(Some((decoder, Some(router.candidates[i]))))
 }

@@ -37,8 +37,12 @@ pub struct Router {
     /// Requests routed and wall seconds spent deciding (for benchmarks).
     pub decisions: u64,
     pub seconds: f64,
-    /// Scratch candidate views, reused across requests.
+    /// Pods (prefillers first) the router believes down: it learns of a
+    /// failure or a recovery `detection_delay` after the fact.
+    pub known_down: Vec<bool>,
+    /// Scratch candidate views and their engines, reused across requests.
     pods: Vec<PodView>,
+    candidates: Vec<bevy_ecs::entity::Entity>,
 }
 
 impl Router {
@@ -48,7 +52,9 @@ impl Router {
             book,
             decisions: 0,
             seconds: 0.0,
+            known_down: Vec::new(),
             pods: Vec::new(),
+            candidates: Vec::new(),
         }
     }
 }

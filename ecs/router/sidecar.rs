@@ -1,18 +1,39 @@
 //! The llm-d routing sidecar: takes the prefillers' answers and sends the
-//! decode leg on (serial dispatch).
+//! decode leg on (serial dispatch); with vLLM's push proxy (parallel
+//! dispatch) the decode leg is already on its decoder, and the answer only
+//! grants the lease.
 
 use bevy_ecs::prelude::*;
+use rand::RngExt;
 
 use crate::engine::{Engine, KvSource, Request, Status};
 use crate::router::Router;
-use crate::scenario::TransferMode;
-use crate::shared::{Clock, Handoffs};
-use crate::transfer::{Flows, Lease, Nic};
+use crate::scenario::{Fault, TransferMode};
+use crate::shared::{
+    Agenda, Clock, CurrentScenario, Deadlines, Event, FailReason, Failed, FaultRng, Handoffs,
+};
+use crate::transfer::leases::{NewLease, grant};
+use crate::transfer::{Flows, Nic};
+
+/// Whether a prefill answered now is lost on its way to the sidecar (a
+/// `PrefillAnswerLost` fault).
+fn answer_lost(faults: &[Fault], now: f64, rng: &mut FaultRng) -> bool {
+    let p = faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::PrefillAnswerLost { probability, .. } if f.covers(now) => Some(*probability),
+            _ => None,
+        })
+        .fold(0.0, f64::max);
+    p > 0.0 && rng.0.random::<f64>() < p
+}
 
 /// System: the sidecar receives the prefillers' answers (prefill legs that
 /// finished this tick). The prefiller's blocks become a lease; the decode
-/// leg goes to the decoder carrying where the KV is (NIXL pull), or the KV
-/// is first copied out (store-and-forward).
+/// leg goes to the decoder carrying where the KV is (NIXL pull and push),
+/// or the KV is first copied out (store-and-forward). With parallel
+/// dispatch the decode leg is its twin, already booked on its decoder: the
+/// write is posted if the decoder's registration came first.
 #[allow(clippy::too_many_arguments)]
 pub fn handoff_system(
     mut commands: Commands,
@@ -22,44 +43,112 @@ pub fn handoff_system(
     mut engines: Query<(&mut Engine, &Nic)>,
     mut reqs: Query<&mut Request>,
     mut router: NonSendMut<Router>,
+    mut deadlines: ResMut<Deadlines>,
+    mut agenda: ResMut<Agenda>,
+    mut failed: ResMut<Failed>,
+    mut rng: ResMut<FaultRng>,
+    scenario: Res<CurrentScenario>,
 ) {
     let now = clock.now;
+    let faults = &scenario.0.faults;
     for &id in &handoffs.queue {
         let mut r = reqs.get_mut(id).expect("answered prefill");
         let prefiller = r.prefiller.expect("remote");
         let decoder = r.decoder.expect("routed");
         r.t1 = Some(now);
         let blocks = std::mem::take(&mut r.blocks);
-        let p_index = engines.get(prefiller).expect("prefiller").0.index;
+        let (p, p_nic) = engines.get(prefiller).expect("prefiller");
+        let (p_index, block_size, p_nic) = (p.index, p.cfg.block_size, *p_nic);
         router.book.prefill_answered(p_index, r.prompt);
-        // A NIXL read's flows start later, when the decoder posts it.
-        let mut parts_left = 0;
+        let lost = !faults.is_empty() && answer_lost(faults, now, &mut rng);
+        let mut lease = NewLease {
+            prefiller,
+            request: id,
+            blocks,
+            block_size,
+            expires: flows.mode != TransferMode::StoreAndForward,
+            renewable: true,
+            heartbeats_from: None,
+            stranded: lost,
+            parts_left: 0,
+        };
+        if let Some(twin) = r.twin {
+            // Parallel dispatch: the request is the decode leg; this prefill
+            // leg's work is done.
+            let first_scheduled = r.first_scheduled_at;
+            commands.entity(id).despawn();
+            let booked = reqs.get(twin).ok().filter(|t| t.status != Status::Failed);
+            lease.request = twin;
+            lease.renewable = flows.lease.renew_in_parallel_dispatch;
+            lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
+            lease.stranded |= booked.is_none();
+            let stranded = lease.stranded;
+            let l = grant(&mut commands, &mut deadlines, &flows.lease, lease, now);
+            let Ok(mut d) = reqs.get_mut(twin) else {
+                continue;
+            };
+            if d.status == Status::Failed {
+                continue;
+            }
+            d.first_scheduled_at = first_scheduled;
+            d.t1 = Some(now);
+            d.lease = Some(l);
+            if stranded {
+                d.stuck = true;
+            } else if d.registered {
+                agenda.schedule(now + flows.latency, Event::ReadStart(twin));
+            }
+            continue;
+        }
+        if lost {
+            // No decode leg is sent: the request waits for ever, its lease
+            // for its expiry.
+            r.stuck = true;
+            r.lease = Some(grant(
+                &mut commands,
+                &mut deadlines,
+                &flows.lease,
+                lease,
+                now,
+            ));
+            continue;
+        }
+        let (mut d, d_nic) = engines.get_mut(decoder).expect("decoder");
+        if d.down {
+            lease.stranded = true;
+            r.lease = Some(grant(
+                &mut commands,
+                &mut deadlines,
+                &flows.lease,
+                lease,
+                now,
+            ));
+            r.status = Status::Failed;
+            failed.queue.push((id, FailReason::DecoderDown));
+            continue;
+        }
         match flows.mode {
-            TransferMode::NixlPull => {
+            TransferMode::NixlPull | TransferMode::NixlPush => {
                 r.start_decode_leg(KvSource::RemotePending, now);
-                engines.get_mut(decoder).expect("decoder").0.enqueue(id);
+                d.enqueue(id);
+                lease.heartbeats_from = Some(now);
             }
             TransferMode::StoreAndForward => {
                 r.start_decode_leg(KvSource::RemotePending, now);
                 r.status = Status::PrefillDone; // until the copy completes
                 r.remote_tokens = r.prompt;
                 r.read_started_at = Some(now);
-                let p = *engines.get(prefiller).expect("prefiller").1;
-                let d = *engines.get(decoder).expect("decoder").1;
-                parts_left = flows.start(&mut commands, id, &p, &d, r.prompt, now);
+                let d_nic = *d_nic;
+                lease.parts_left = flows.start(&mut commands, id, &p_nic, &d_nic, r.prompt, now);
             }
         }
-        r.lease = Some(
-            commands
-                .spawn(Lease {
-                    prefiller,
-                    request: id,
-                    blocks,
-                    since: now,
-                    parts_left,
-                })
-                .id(),
-        );
+        r.lease = Some(grant(
+            &mut commands,
+            &mut deadlines,
+            &flows.lease,
+            lease,
+            now,
+        ));
     }
     handoffs.queue.clear();
 }

@@ -14,11 +14,13 @@
 //! | [`validate`] | script paths, plugin references, every number checked |
 //! | [`pools`] | each pool's hardware, KV blocks, NICs and step-time model |
 //! | [`workload`] | the workload section: session defaults, trace options |
+//! | [`faults`] | scheduled faults and the client's retries |
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+pub mod faults;
 pub mod overrides;
 pub mod params;
 pub mod pools;

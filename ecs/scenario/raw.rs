@@ -9,6 +9,7 @@ use std::path::Path;
 use crate::error::Result;
 use crate::files::parse_ron;
 use crate::scenario::ParamValue;
+pub use crate::scenario::faults::{Client, Fault};
 
 /// The whole scenario, as written in a `.ron` file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -40,6 +41,12 @@ pub struct RawScenario {
     /// Service-level objectives for goodput (seconds; `--slo`).
     #[serde(default)]
     pub slo: Slo,
+    /// Faults at given simulated times (docs/faults.md).
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    /// The client's retries of a failed request.
+    #[serde(default)]
+    pub client: Client,
 }
 
 /// Service-level objectives: a finished request is *good* when it meets
@@ -316,6 +323,12 @@ pub enum TransferMode {
     /// The decoder READs the prefiller's blocks; the prefiller holds them
     /// leased until the read completes (MODEL.md §6–§8).
     NixlPull,
+    /// vLLM's `NixlPushConnector`: the decoder, at admission, registers the
+    /// blocks it allocated with the prefiller (one notification); the
+    /// prefiller WRITEs once it has both its finished prefill and the
+    /// registration; the write done frees the lease and promotes the
+    /// decoder's request.
+    NixlPush,
     /// The prefiller copies its KV out, releases it, and only then does the
     /// request queue for the decoder (MODEL.md §11).
     StoreAndForward,
@@ -330,6 +343,56 @@ pub struct Transfer {
     pub latency: f64,
     #[serde(default = "default_sharing")]
     pub sharing: SharingModel,
+    /// Push mode: seconds for the decoder's registration to reach the
+    /// prefiller's writer (which polls every 1 ms while it holds blocks
+    /// nobody registered for).
+    #[serde(default = "default_notify_latency")]
+    pub notify_latency: f64,
+    /// The prefiller's lease on a finished prefill's blocks.
+    #[serde(default)]
+    pub lease: LeaseConfig,
+}
+
+fn default_notify_latency() -> f64 {
+    0.001
+}
+
+/// vLLM 0.33's KV lease (`kv_connector_extra_config["kv_lease_duration"]`):
+/// granted at the prefill's finish for `duration`; the decoder heartbeats
+/// every `duration / 6` from the moment the decode request reaches it, each
+/// heartbeat extending the lease to at least then + `2/3 · duration`; an
+/// expired lease frees the prefiller's blocks (they stay cached). vLLM
+/// 0.19, the version llm-d's guide runs: `(duration: 480, heartbeats:
+/// false)`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseConfig {
+    #[serde(default = "default_lease_duration")]
+    pub duration: f64,
+    #[serde(default = "default_true")]
+    pub heartbeats: bool,
+    /// With push's parallel dispatch, vLLM 0.33's heartbeats name the
+    /// router's request id, which the prefiller does not know, so they
+    /// renew nothing (vLLM issue 53095); `true` models the fix (PR 53244).
+    #[serde(default)]
+    pub renew_in_parallel_dispatch: bool,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            duration: default_lease_duration(),
+            heartbeats: true,
+            renew_in_parallel_dispatch: false,
+        }
+    }
+}
+
+fn default_lease_duration() -> f64 {
+    30.0
+}
+fn default_true() -> bool {
+    true
 }
 
 fn default_mode() -> TransferMode {
@@ -368,6 +431,56 @@ pub struct Router {
     pub decider: Plugin,
     pub decode: Profile,
     pub prefill: Profile,
+    /// How a disaggregated request's two legs are sent.
+    #[serde(default)]
+    pub dispatch: Dispatch,
+    /// The llm-d sidecar's retries of a prefill leg that failed (5xx):
+    /// `--prefill-max-retries` (default 0), on the same prefiller, after
+    /// `--prefill-retry-backoff` (default 0.2 s) each.
+    #[serde(default)]
+    pub prefill_max_retries: u32,
+    #[serde(default = "default_prefill_retry_backoff")]
+    pub prefill_retry_backoff: f64,
+    /// Seconds until the router learns that a pod went down or came back
+    /// (its readiness probe), routing to it meanwhile.
+    #[serde(default = "default_detection_delay")]
+    pub detection_delay: f64,
+}
+
+impl Router {
+    /// A router of these profiles, every other setting at its default.
+    pub fn with_profiles(decider: Plugin, decode: Profile, prefill: Profile) -> Router {
+        Router {
+            plugins: BTreeMap::new(),
+            prefix_index_blocks: 0,
+            decider,
+            decode,
+            prefill,
+            dispatch: Dispatch::Serial,
+            prefill_max_retries: 0,
+            prefill_retry_backoff: default_prefill_retry_backoff(),
+            detection_delay: default_detection_delay(),
+        }
+    }
+}
+
+fn default_prefill_retry_backoff() -> f64 {
+    0.2
+}
+fn default_detection_delay() -> f64 {
+    10.0
+}
+
+/// How a disaggregated request's prefill and decode legs are sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Dispatch {
+    /// The llm-d sidecar: the prefill leg, its answer, then the decode leg.
+    #[default]
+    Serial,
+    /// vLLM's push proxy: both legs at the request's arrival, so the
+    /// decoder books the prompt's blocks while the prefill is queued or
+    /// running (push mode only).
+    Parallel,
 }
 
 /// filters → weighted scorers → picker.

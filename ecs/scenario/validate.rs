@@ -7,7 +7,10 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::hardware::presets;
-use crate::scenario::{ParamValue, RawScenario, Router, Scenario, apply_override, pools, workload};
+use crate::scenario::{
+    Dispatch, Fault, ParamValue, RawScenario, Router, Scenario, TransferMode, apply_override,
+    pools, workload,
+};
 
 /// Script and trace paths written in a file are relative to that file's folder.
 pub(crate) fn resolve_paths(raw: &mut RawScenario, dir: &Path) {
@@ -197,6 +200,81 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             raw.transfer.latency
         ),
     );
+    for (name, v) in [
+        ("transfer.notify_latency", raw.transfer.notify_latency),
+        (
+            "router.prefill_retry_backoff",
+            raw.router.prefill_retry_backoff,
+        ),
+        ("router.detection_delay", raw.router.detection_delay),
+        ("client.backoff", raw.client.backoff),
+    ] {
+        need(
+            finite_nonneg(v),
+            format!("{name} must be a finite number >= 0, got {v}"),
+        );
+    }
+    let lease = &raw.transfer.lease;
+    need(
+        finite_pos(lease.duration),
+        format!(
+            "transfer.lease.duration must be a positive number of seconds, got {}",
+            lease.duration
+        ),
+    );
+    need(
+        !lease.heartbeats || lease.duration >= 6.0,
+        format!(
+            "transfer.lease.duration must be at least 6 s with heartbeats (vLLM heartbeats every duration // 6 s), got {}",
+            lease.duration
+        ),
+    );
+    need(
+        raw.router.dispatch == Dispatch::Serial || raw.transfer.mode == TransferMode::NixlPush,
+        format!(
+            "router.dispatch: Parallel needs transfer.mode: NixlPush (with {:?} the decoder needs the prefiller's answer before it can take the KV)",
+            raw.transfer.mode
+        ),
+    );
+    let pods: Vec<String> = (0..raw.prefill.count)
+        .map(|i| format!("prefill-{i}"))
+        .chain((0..raw.decode.count).map(|i| format!("decode-{i}")))
+        .collect();
+    for (i, f) in raw.faults.iter().enumerate() {
+        let (at, duration) = f.window();
+        need(
+            finite_nonneg(at),
+            format!("faults.{i}.at must be a finite number >= 0, got {at}"),
+        );
+        need(
+            finite_pos(duration),
+            format!("faults.{i}.duration must be a positive number of seconds, got {duration}"),
+        );
+        match f {
+            Fault::PodDown { pod, .. } | Fault::NicSlow { pod, .. } if !pods.contains(pod) => {
+                let hint = crate::error::suggest(pod, pods.iter().map(String::as_str))
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                need(
+                    false,
+                    format!(
+                        "faults.{i}: there is no pod `{pod}`{hint}; the pods are {}",
+                        pods.join(", ")
+                    ),
+                );
+            }
+            Fault::NicSlow { factor, .. } => need(
+                finite_pos(*factor),
+                format!("faults.{i}.factor must be a positive number, got {factor}"),
+            ),
+            Fault::HeartbeatLoss { probability, .. }
+            | Fault::PrefillAnswerLost { probability, .. } => need(
+                (0.0..=1.0).contains(probability),
+                format!("faults.{i}.probability must be in [0, 1], got {probability}"),
+            ),
+            _ => {}
+        }
+    }
     for (name, profile) in [
         ("decode", &raw.router.decode),
         ("prefill", &raw.router.prefill),
@@ -225,13 +303,19 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
         );
         last_at = p.at;
         for (path, value) in &p.set {
+            let routing_only = [
+                "router.dispatch",
+                "router.detection_delay",
+                "router.prefill_",
+            ];
             if !(path.starts_with("router.") || path.starts_with("workload."))
                 || path.starts_with("workload.trace")
+                || routing_only.iter().any(|p| path.starts_with(p))
             {
                 need(
                     false,
                     format!(
-                        "phases.{i}: `{path}` cannot change during a run (a phase may change router.* and the synthetic workload.*)"
+                        "phases.{i}: `{path}` cannot change during a run (a phase may change the router's plugins and profiles and the synthetic workload.*)"
                     ),
                 );
                 continue;

@@ -27,15 +27,27 @@ pub enum Event {
     /// An engine's step ends (stale when the engine's step generation moved
     /// on: a run of repeated steps was cut short).
     StepEnd(Entity, u64),
+    /// A fault starts (`start`) or ends (index into the scenario's faults).
+    Fault { index: u32, start: bool },
+    /// The router learns that pod `pod` (prefillers first) is down or up.
+    RouterLearns { pod: u32, up: bool },
+    /// The sidecar sends a failed prefill leg again (same prefiller).
+    PrefillRetry(Entity),
+    /// The client sends a failed request again.
+    ClientRetry(Entity),
+    /// Push mode: a decoder's registration of a request's blocks reaches
+    /// the prefiller.
+    Registration(Entity),
 }
 
 impl Event {
     /// The system that handles it, in tick order.
     pub fn rank(&self) -> u8 {
         match self {
-            Event::Phase(_) => 0,
+            Event::Phase(_) | Event::Fault { .. } | Event::RouterLearns { .. } => 0,
             Event::SessionArrival | Event::NextTurn(_) | Event::TraceArrival(_) => 1,
-            Event::ReadStart(_) | Event::FlowDone { .. } => 3,
+            Event::PrefillRetry(_) | Event::ClientRetry(_) => 2,
+            Event::ReadStart(_) | Event::FlowDone { .. } | Event::Registration(_) => 3,
             Event::StepEnd(..) => 4,
         }
     }

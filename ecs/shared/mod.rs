@@ -4,7 +4,9 @@
 //! other part of the simulation may depend on it.
 
 pub mod agenda;
+pub mod deadlines;
 pub mod resources;
 
 pub use agenda::{Agenda, Event};
+pub use deadlines::{DeadlineKey, Deadlines};
 pub use resources::*;

@@ -26,6 +26,13 @@ pub struct TickEvents {
     pub read_starts: Vec<Entity>,
     pub flow_done: Vec<u64>,
     pub step_ends: Vec<(Entity, u64)>,
+    pub faults: Vec<(u32, bool)>,
+    pub router_learns: Vec<(u32, bool)>,
+    pub prefill_retries: Vec<Entity>,
+    pub client_retries: Vec<Entity>,
+    pub registrations: Vec<Entity>,
+    /// Leases whose deadline is now (from [`Deadlines`]).
+    pub lease_deadlines: Vec<Entity>,
 }
 
 impl TickEvents {
@@ -37,6 +44,12 @@ impl TickEvents {
         self.read_starts.clear();
         self.flow_done.clear();
         self.step_ends.clear();
+        self.faults.clear();
+        self.router_learns.clear();
+        self.prefill_retries.clear();
+        self.client_retries.clear();
+        self.registrations.clear();
+        self.lease_deadlines.clear();
     }
 
     pub fn push(&mut self, e: Event) {
@@ -48,6 +61,11 @@ impl TickEvents {
             Event::ReadStart(r) => self.read_starts.push(r),
             Event::FlowDone { generation } => self.flow_done.push(generation),
             Event::StepEnd(e, generation) => self.step_ends.push((e, generation)),
+            Event::Fault { index, start } => self.faults.push((index, start)),
+            Event::RouterLearns { pod, up } => self.router_learns.push((pod, up)),
+            Event::PrefillRetry(r) => self.prefill_retries.push(r),
+            Event::ClientRetry(r) => self.client_retries.push(r),
+            Event::Registration(r) => self.registrations.push(r),
         }
     }
 }
@@ -99,3 +117,69 @@ pub struct RunStatus {
 /// The scenario as it stands now (phases edit it).
 #[derive(Resource, Debug)]
 pub struct CurrentScenario(pub RawScenario);
+
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FailReason {
+    /// Its decoder went down (or was down when it was sent there).
+    DecoderDown,
+    /// Its prefiller went down (or was down when it was sent there).
+    PrefillerDown,
+    /// Its KV was lost with its prefiller before the decoder read it.
+    KvLost,
+    /// The router knew no pod of a role to be up.
+    NoEndpoint,
+}
+
+impl FailReason {
+    pub const ALL: [FailReason; 4] = [
+        FailReason::DecoderDown,
+        FailReason::PrefillerDown,
+        FailReason::KvLost,
+        FailReason::NoEndpoint,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FailReason::DecoderDown => "decoder_down",
+            FailReason::PrefillerDown => "prefiller_down",
+            FailReason::KvLost => "kv_lost",
+            FailReason::NoEndpoint => "no_endpoint",
+        }
+    }
+}
+
+/// Requests (or prefill legs) that failed this tick, for their retirement
+/// (any system → the end of the tick: retries, accounting).
+#[derive(Resource, Default, Debug)]
+pub struct Failed {
+    pub queue: Vec<(Entity, FailReason)>,
+}
+
+/// A change to a pod's health, applied by the `Faults` system at the
+/// start of the tick: the scenario's faults put them here at their times,
+/// and a custom system may too. Pods are numbered prefillers first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FaultCommand {
+    PodDown {
+        pod: u32,
+    },
+    PodUp {
+        pod: u32,
+    },
+    /// The pod's NICs at `factor` of their rate (1: restored).
+    NicFactor {
+        pod: u32,
+        factor: f64,
+    },
+}
+
+#[derive(Resource, Default, Debug)]
+pub struct FaultQueue {
+    pub commands: Vec<FaultCommand>,
+}
+
+/// The random stream of the faults (heartbeat loss, lost answers), apart
+/// from the workload's so that adding a fault does not change the traffic.
+#[derive(Resource, Debug)]
+pub struct FaultRng(pub rand_xoshiro::Xoshiro256PlusPlus);

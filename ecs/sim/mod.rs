@@ -11,13 +11,17 @@
 //! ([`SimSystems`], chained):
 //!
 //! 1. `Phases` — hot-swap phases that start now change policies/parameters.
+//!    `Faults` — faults that start or end now are applied (a pod down or
+//!    back, a NIC slowed), and the router learns of earlier ones.
 //! 2. `Workload` — new sessions and sessions whose tool call ended issue a
 //!    request (sessions in arrival order, turns in agenda order).
 //! 3. `Routing` — requests at the gateway are routed, in the order they
 //!    arrived; the router's scripts decide; each goes to one engine's queue.
-//! 4. `Transfers` — flows whose finish time is now complete (in start order):
+//! 4. `Transfers` — leases whose deadline is now are renewed by heartbeats
+//!    or expire; flows whose finish time is now complete (in start order):
 //!    the prefiller's lease is released and the decoder's request promoted;
-//!    then reads whose latency ended start flowing.
+//!    push registrations reach their prefillers; then transfers whose
+//!    latency ended start flowing.
 //! 5. `StepEnd` — steps that end now are applied (engines in agenda order):
 //!    tokens computed, first tokens, finishes (KV freed); then the requests
 //!    that finished retire, in that order: observed, released from the
@@ -30,6 +34,8 @@
 //!    start booked `x0` later.
 //! 8. `Bandwidth` — if flows started or ended, every flow is brought to now,
 //!    the links are re-divided (max-min) and the earliest finish is booked.
+//!    `Failures` — requests that failed in this tick are retried (the
+//!    sidecar's prefill retries, the client's) or fail for good.
 //! 9. `Observe` — gauges integrate the interval just passed and sample the
 //!    new state.
 //!
@@ -44,12 +50,14 @@
 //! |---|---|
 //! | [`schedule`] | [`Sim`]: the world built from a scenario, the schedule, the loop |
 //! | [`phases`] | the `Phases` system (hot swap) |
-//! | [`retire`] | what happens to a request that finished |
+//! | [`retire`] | what happens to a request that finished, or failed |
+//! | [`faults`] | the `Faults` system: pods down and up, NICs slowed |
 //! | [`outputs`] | a run with its output files (JSON, vLLM bench, AIPerf, Prometheus, timeline, HTML, figures) |
 
 use bevy_ecs::prelude::*;
 use std::sync::atomic::AtomicU64;
 
+pub mod faults;
 pub mod outputs;
 pub mod phases;
 pub mod retire;
@@ -62,6 +70,7 @@ pub use schedule::Sim;
 #[derive(SystemSet, Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SimSystems {
     Phases,
+    Faults,
     Workload,
     Routing,
     Transfers,
@@ -69,6 +78,7 @@ pub enum SimSystems {
     Handoff,
     StepStart,
     Bandwidth,
+    Failures,
     Observe,
 }
 

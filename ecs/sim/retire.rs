@@ -7,12 +7,12 @@
 use bevy_ecs::prelude::*;
 
 use crate::engine::record::FinishedRequests;
-use crate::engine::{Engine, NextTurn, Request};
+use crate::engine::{Engine, Leg, NextTurn, Request};
 use crate::metrics::formats::aiperf::AiperfLog;
 use crate::metrics::formats::timeline::Timeline;
 use crate::metrics::{Counters, Metrics};
 use crate::router::Router;
-use crate::shared::{Agenda, Clock, Event, Finished};
+use crate::shared::{Agenda, Clock, CurrentScenario, Event, FailReason, Failed, Finished};
 
 /// System: retire the requests that finished this tick.
 #[allow(clippy::too_many_arguments)]
@@ -65,4 +65,91 @@ pub fn retire_system(
         commands.entity(id).despawn();
     }
     finished.queue.clear();
+}
+
+/// System, at the end of the tick: requests (and prefill legs) that failed
+/// in it. A serial prefill leg whose prefiller was down is sent again by
+/// the sidecar (`prefill_max_retries`); a failed request is released from
+/// the router's bookkeeping and sent again by its client (`client.retries`)
+/// or fails for good, ending its session. A parallel prefill leg that
+/// fails leaves its decode leg waiting for a write that never comes, as
+/// vLLM's push proxy does.
+#[allow(clippy::too_many_arguments)]
+pub fn fail_system(
+    mut commands: Commands,
+    clock: Res<Clock>,
+    mut failed: ResMut<Failed>,
+    mut reqs: Query<&mut Request>,
+    engines: Query<&Engine>,
+    mut counters: ResMut<Counters>,
+    mut router: NonSendMut<Router>,
+    mut agenda: ResMut<Agenda>,
+    scenario: Res<CurrentScenario>,
+) {
+    let now = clock.now;
+    let raw = &scenario.0;
+    for (id, reason) in std::mem::take(&mut failed.queue) {
+        let Ok(mut r) = reqs.get_mut(id) else {
+            continue;
+        };
+        let serial_prefill = r.leg == Leg::Prefill && r.twin.is_none();
+        if serial_prefill
+            && reason == FailReason::PrefillerDown
+            && r.prefill_retries < raw.router.prefill_max_retries
+        {
+            r.prefill_retries += 1;
+            counters.prefill_retries += 1;
+            agenda.schedule(
+                now + raw.router.prefill_retry_backoff,
+                Event::PrefillRetry(id),
+            );
+            continue;
+        }
+        let index = |e: Option<Entity>| e.map(|e| engines.get(e).expect("engine").index);
+        let (p, d, prompt) = (index(r.prefiller), index(r.decoder), r.prompt);
+        if r.leg == Leg::Prefill
+            && let Some(p) = p
+        {
+            router.book.prefill_answered(p, prompt);
+        }
+        if let Some(twin) = r.twin {
+            let leg = r.leg;
+            if leg == Leg::Decode {
+                r.twin = None;
+            }
+            if leg == Leg::Prefill {
+                // The decode leg, booked on its decoder, waits for ever.
+                if let Ok(mut t) = reqs.get_mut(twin) {
+                    t.stuck = true;
+                }
+                commands.entity(id).despawn();
+                continue;
+            }
+            // The prefill leg runs on; its lease will find no reader.
+            if let Ok(mut prefill_leg) = reqs.get_mut(twin) {
+                prefill_leg.twin = Some(Entity::PLACEHOLDER);
+            }
+            r = reqs.get_mut(id).expect("the failed request");
+        }
+        if let Some(d) = d {
+            router.book.decode_finished(d, prompt);
+        }
+        if r.client_retries < raw.client.retries {
+            r.client_retries += 1;
+            counters.client_retries += 1;
+            r.reset_for_retry();
+            agenda.schedule(now + raw.client.backoff, Event::ClientRetry(id));
+            continue;
+        }
+        counters.failed(reason.name());
+        match r.next_turn {
+            Some(NextTurn::Session { session, .. }) => {
+                counters.sessions_ended_by_failure += 1;
+                commands.entity(session).despawn();
+            }
+            Some(NextTurn::Trace { .. }) => counters.sessions_ended_by_failure += 1,
+            None => {}
+        }
+        commands.entity(id).despawn();
+    }
 }

@@ -23,15 +23,18 @@ use crate::router::sidecar::handoff_system;
 use crate::router::{Router, RouterMode};
 use crate::scenario::{self, Scenario};
 use crate::shared::{
-    Agenda, Clock, CurrentScenario, EngineIndex, Event, Finished, Gateway, Handoffs, Parked,
-    PhaseIndex, RunStatus, TickEvents,
+    Agenda, Clock, CurrentScenario, Deadlines, EngineIndex, Event, Failed, FaultQueue, FaultRng,
+    Finished, Gateway, Handoffs, Parked, PhaseIndex, RunStatus, TickEvents,
 };
+use crate::sim::faults::faults_system;
 use crate::sim::phases::phase_system;
-use crate::sim::retire::retire_system;
+use crate::sim::retire::{fail_system, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
 use crate::transfer::{Flows, Nic};
 use crate::workload::{self, TraceRequest, WorkloadState, workload_system};
+use rand::SeedableRng;
+use rand_xoshiro::Xoshiro256PlusPlus;
 
 /// A simulation ready to run: the world and the tick schedule.
 pub struct Sim {
@@ -142,6 +145,18 @@ impl Sim {
         for (i, p) in raw.phases.iter().enumerate() {
             agenda.schedule(p.at, Event::Phase(i as u32));
         }
+        for (i, f) in raw.faults.iter().enumerate() {
+            let (at, duration) = f.window();
+            let index = i as u32;
+            agenda.schedule(at, Event::Fault { index, start: true });
+            agenda.schedule(
+                at + duration,
+                Event::Fault {
+                    index,
+                    start: false,
+                },
+            );
+        }
         let book = RouterBook::new(
             raw.prefill.count as usize,
             raw.decode.count as usize,
@@ -151,13 +166,7 @@ impl Sim {
         world.insert_resource(agenda);
         world.insert_resource(workload);
         world.insert_non_send(Router::new(router, book));
-        world.insert_resource(Flows::new(
-            raw.transfer.mode,
-            raw.transfer.sharing,
-            raw.transfer.latency,
-            links,
-            pod as usize,
-        ));
+        world.insert_resource(Flows::new(&raw.transfer, links, pod as usize));
         world.insert_resource(index);
         world.insert_resource(Clock::default());
         world.insert_resource(TickEvents::default());
@@ -172,6 +181,12 @@ impl Sim {
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
         world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
+        world.insert_resource(Deadlines::default());
+        world.insert_resource(Failed::default());
+        world.insert_resource(FaultQueue::default());
+        world.insert_resource(FaultRng(Xoshiro256PlusPlus::seed_from_u64(
+            raw.seed ^ 0x6661_756c_7473, // "faults"
+        )));
 
         let mut schedule = Schedule::default();
         schedule.set_executor(SingleThreadedExecutor::new());
@@ -182,6 +197,7 @@ impl Sim {
         schedule.configure_sets(
             (
                 SimSystems::Phases,
+                SimSystems::Faults,
                 SimSystems::Workload,
                 SimSystems::Routing,
                 SimSystems::Transfers,
@@ -189,6 +205,7 @@ impl Sim {
                 SimSystems::Handoff,
                 SimSystems::StepStart,
                 SimSystems::Bandwidth,
+                SimSystems::Failures,
                 SimSystems::Observe,
             )
                 .chain(),
@@ -197,6 +214,11 @@ impl Sim {
         // systems for less than running them would cost.
         schedule.add_systems((
             phase_system.in_set(SimSystems::Phases),
+            faults_system
+                .run_if(|e: Res<TickEvents>, q: Res<FaultQueue>| {
+                    !(e.faults.is_empty() && e.router_learns.is_empty() && q.commands.is_empty())
+                })
+                .in_set(SimSystems::Faults),
             workload_system.in_set(SimSystems::Workload),
             routing_system.in_set(SimSystems::Routing),
             transfer_system.in_set(SimSystems::Transfers),
@@ -214,6 +236,9 @@ impl Sim {
                 .chain()
                 .in_set(SimSystems::StepStart),
             bandwidth_system.in_set(SimSystems::Bandwidth),
+            fail_system
+                .run_if(|f: Res<Failed>| !f.queue.is_empty())
+                .in_set(SimSystems::Failures),
             observe_system.in_set(SimSystems::Observe),
         ));
         Ok(Sim {
@@ -259,7 +284,7 @@ impl Sim {
     /// Runs ticks until the horizon (or until nothing is left to happen).
     pub fn run(&mut self) -> Result<Report> {
         let wall = Instant::now();
-        while let Some(t) = self.world.resource::<Agenda>().next_time() {
+        while let Some(t) = self.next_time() {
             if t > self.horizon {
                 break;
             }
@@ -284,6 +309,16 @@ impl Sim {
             .expect("engines and requests are plain queries");
     }
 
+    /// The next instant something happens: an event, or a deadline.
+    fn next_time(&self) -> Option<f64> {
+        let event = self.world.resource::<Agenda>().next_time();
+        let deadline = self.world.resource::<Deadlines>().next_time();
+        match (event, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// One tick at time `t`: hand over the events due, run the systems.
     fn tick(&mut self, t: f64) {
         // (Not `resource_scope`: taking a resource out and back each tick
@@ -298,6 +333,9 @@ impl Sim {
         for &e in &self.due {
             events.push(e);
         }
+        let mut due = std::mem::take(&mut events.lease_deadlines);
+        self.world.resource_mut::<Deadlines>().pop_at(t, &mut due);
+        self.world.resource_mut::<TickEvents>().lease_deadlines = due;
         let mut clock = self.world.resource_mut::<Clock>();
         clock.now = t;
         clock.ticks += 1;

@@ -4,13 +4,16 @@
 //! | file | what |
 //! |---|---|
 //! | [`systems`] | the tick's systems: flows that end, reads that start, rates re-divided |
+//! | [`leases`] | leases: grant, heartbeats, expiry, the stranded-KV account |
 //! | [`sharing`] | max-min fair sharing of the links (and the ablations) |
 
 use bevy_ecs::prelude::*;
 
 use crate::engine::BlockId;
-use crate::scenario::{SharingModel, TransferMode};
+use crate::scenario::{LeaseConfig, SharingModel, TransferMode};
+use crate::shared::DeadlineKey;
 
+pub mod leases;
 pub mod sharing;
 pub mod systems;
 
@@ -30,15 +33,45 @@ pub struct Nic {
 }
 
 /// Blocks a prefiller keeps for a finished prefill until the decoder has
-/// read them (or, store-and-forward, until they are copied out).
+/// read them (or, store-and-forward, until they are copied out), or until
+/// the lease expires ([`leases`]).
 #[derive(Component, Debug)]
 pub struct Lease {
     pub prefiller: Entity,
+    /// The request whose decode leg reads it.
     pub request: Entity,
     pub blocks: Vec<BlockId>,
+    /// Tokens the blocks hold (for the stranded-KV account).
+    pub tokens: u64,
     pub since: f64,
     /// Rank-to-rank flows of its transfer still moving.
     pub parts_left: u32,
+    pub state: LeaseState,
+    /// When it expires unless a heartbeat renews it, and its deadline's key.
+    pub expires_at: f64,
+    pub deadline: Option<DeadlineKey>,
+    /// The decoder heartbeats from here (its decode request reached it) to
+    /// `heartbeats_until` (its read done, the decoder or the request
+    /// gone); heartbeats up to `heartbeats_seen` are counted.
+    pub heartbeats_from: Option<f64>,
+    pub heartbeats_until: f64,
+    pub heartbeats_seen: f64,
+    /// Heartbeats renew it (not with push's parallel dispatch in vLLM 0.33).
+    pub renewable: bool,
+    /// Since when no decoder will read it (its decoder or its answer is
+    /// gone): its KV is stranded until it ends.
+    pub stranded_since: Option<f64>,
+}
+
+/// Where a lease stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseState {
+    Held,
+    /// Its blocks were freed at expiry; a transfer of them still counts as
+    /// a read of freed blocks.
+    Expired,
+    /// Its prefiller went down with the blocks.
+    Lost,
 }
 
 /// One rank-to-rank part of a transfer in progress, over two links: a NIC
@@ -80,7 +113,12 @@ pub struct Flows {
     pub mode: TransferMode,
     pub sharing: SharingModel,
     pub latency: f64,
+    /// Push mode: the registration's trip to the prefiller.
+    pub notify_latency: f64,
+    pub lease: LeaseConfig,
+    /// Each link's capacity now, and without faults.
     pub link_capacity: Vec<f64>,
+    pub base_capacity: Vec<f64>,
     /// Flows in the order they started (deterministic iteration).
     pub active: Vec<Entity>,
     /// Flows per link.
@@ -94,6 +132,11 @@ pub struct Flows {
     /// Transfers completed so far, and the tokens they moved.
     pub completed: u64,
     pub completed_tokens: u64,
+    /// Leases that expired; transfers that completed from freed blocks;
+    /// token·seconds of prefiller KV held for requests no decoder will read.
+    pub leases_expired: u64,
+    pub reads_of_freed_blocks: u64,
+    pub stranded_token_seconds: f64,
     /// Completed flows for a timeline, when asked for (taken every tick).
     pub slices: Option<Vec<FlowSlice>>,
     pub(crate) sharing_state: FlowSharing,
@@ -105,17 +148,18 @@ pub struct Flows {
 
 impl Flows {
     pub fn new(
-        mode: TransferMode,
-        sharing: SharingModel,
-        latency: f64,
+        transfer: &crate::scenario::Transfer,
         link_capacity: Vec<f64>,
         pods: usize,
     ) -> Flows {
         let n = link_capacity.len();
         Flows {
-            mode,
-            sharing,
-            latency,
+            mode: transfer.mode,
+            sharing: transfer.sharing,
+            latency: transfer.latency,
+            notify_latency: transfer.notify_latency,
+            lease: transfer.lease,
+            base_capacity: link_capacity.clone(),
             link_capacity,
             active: Vec::new(),
             per_link: vec![0; n],
@@ -124,6 +168,9 @@ impl Flows {
             generation: 0,
             completed: 0,
             completed_tokens: 0,
+            leases_expired: 0,
+            reads_of_freed_blocks: 0,
+            stranded_token_seconds: 0.0,
             slices: None,
             sharing_state: FlowSharing::new(),
             scratch_links: Vec::new(),
@@ -181,5 +228,46 @@ impl Flows {
         self.per_pod[d.pod as usize] += 1;
         self.changed = true;
         self.parts.len() as u32
+    }
+
+    /// Stops every flow of `request` (its decoder or prefiller went down);
+    /// returns whether it had any.
+    pub(crate) fn cancel(
+        &mut self,
+        commands: &mut Commands,
+        request: Entity,
+        flow_q: &Query<&Flow>,
+    ) -> bool {
+        let mut any = false;
+        let mut pods = None;
+        let (per_link, active) = (&mut self.per_link, &mut self.active);
+        active.retain(|&f| {
+            let flow = flow_q.get(f).expect("active flow");
+            if flow.request != request {
+                return true;
+            }
+            for l in flow.links {
+                per_link[l as usize] -= 1;
+            }
+            pods = Some(flow.pods);
+            commands.entity(f).despawn();
+            any = true;
+            false
+        });
+        if let Some(pods) = pods {
+            for p in pods {
+                self.per_pod[p as usize] -= 1;
+            }
+        }
+        self.changed |= any;
+        any
+    }
+
+    /// Sets the links of a pod to `factor` of their rate.
+    pub fn set_nic_factor(&mut self, nic: &Nic, factor: f64) {
+        for l in nic.first_link..nic.first_link + nic.links {
+            self.link_capacity[l as usize] = self.base_capacity[l as usize] * factor;
+        }
+        self.changed = true;
     }
 }

@@ -1,16 +1,22 @@
-//! The transfer systems of the tick: `Transfers` (flows that end now, reads
-//! whose latency ended start) and `Bandwidth` (reads of requests parked in
-//! this tick are posted; when flows changed, rates are re-divided).
+//! The transfer systems of the tick: `Transfers` (leases whose deadline is
+//! now, flows that end now, registrations that reach prefillers, transfers
+//! whose latency ended start) and `Bandwidth` (the reads or registrations of
+//! requests parked in this tick are posted; when flows changed, rates are
+//! re-divided).
 
 use bevy_ecs::prelude::*;
 
 use crate::engine::{Engine, KvPool, KvSource, Request, Status};
 use crate::scenario::TransferMode;
-use crate::shared::{Agenda, Clock, Event, Parked, TickEvents};
-use crate::transfer::{Flow, FlowSlice, Flows, Lease, Nic};
+use crate::shared::{
+    Agenda, Clock, CurrentScenario, Deadlines, Event, FaultRng, Parked, TickEvents,
+};
+use crate::transfer::leases::{renewal, stranded_token_seconds};
+use crate::transfer::{Flow, FlowSlice, Flows, Lease, LeaseState, Nic};
 
-/// System: flows that completed now end (leases released, KV delivered);
-/// reads whose latency ended start flowing.
+/// System: leases at their deadline are renewed or expire; flows that
+/// completed now end (leases released, KV delivered); push registrations
+/// reach their prefillers; transfers whose latency ended start flowing.
 #[allow(clippy::too_many_arguments)]
 pub fn transfer_system(
     mut commands: Commands,
@@ -21,9 +27,27 @@ pub fn transfer_system(
     mut leases: Query<&mut Lease>,
     mut engines: Query<(&mut Engine, &mut KvPool, &Nic)>,
     mut reqs: Query<&mut Request>,
+    mut agenda: ResMut<Agenda>,
+    mut deadlines: ResMut<Deadlines>,
+    mut rng: ResMut<FaultRng>,
+    scenario: Res<CurrentScenario>,
 ) {
     let now = clock.now;
     let flows = &mut *flows;
+    for &l in &events.lease_deadlines {
+        lease_deadline(
+            l,
+            now,
+            flows,
+            &mut commands,
+            &mut leases,
+            &mut engines,
+            &mut reqs,
+            &mut deadlines,
+            &mut rng,
+            &scenario.0.faults,
+        );
+    }
     if events.flow_done.contains(&flows.generation) {
         flows.done.clear();
         for &f in &flows.active {
@@ -65,18 +89,52 @@ pub fn transfer_system(
             complete(
                 flow.request,
                 now,
-                flows.mode,
+                flows,
                 &mut commands,
                 &leases,
                 &mut engines,
                 &mut reqs,
+                &mut deadlines,
             );
             commands.entity(f).despawn();
         }
         flows.changed |= !flows.done.is_empty();
     }
+    for &request in &events.registrations {
+        let Ok(mut r) = reqs.get_mut(request) else {
+            continue;
+        };
+        if r.status == Status::Failed {
+            continue;
+        }
+        r.registered = true;
+        // The prefiller writes once it has both the finished prefill (its
+        // lease) and the registration, whichever comes second; the sidecar
+        // posts it when the prefill ends after the registration.
+        match r.lease.map(|l| leases.get(l).expect("lease").state) {
+            Some(LeaseState::Held) => {
+                agenda.schedule(now + flows.latency, Event::ReadStart(request))
+            }
+            Some(LeaseState::Expired | LeaseState::Lost) => r.stuck = true,
+            None => {}
+        }
+    }
     for &request in &events.read_starts {
-        let mut r = reqs.get_mut(request).expect("a parked request");
+        let Ok(mut r) = reqs.get_mut(request) else {
+            continue;
+        };
+        if r.status == Status::Failed {
+            continue;
+        }
+        let Some(lease_id) = r.lease else {
+            r.stuck = true; // push: its prefiller went down with the KV
+            continue;
+        };
+        let state = leases.get(lease_id).expect("lease").state;
+        if state != LeaseState::Held && flows.mode == TransferMode::NixlPush {
+            r.stuck = true; // the prefiller never writes after the expiry
+            continue;
+        }
         r.read_started_at = Some(now);
         let p = *engines
             .get(r.prefiller.expect("remote"))
@@ -84,37 +142,104 @@ pub fn transfer_system(
             .2;
         let d = *engines.get(r.decoder.expect("routed")).expect("decoder").2;
         let parts = flows.start(&mut commands, request, &p, &d, r.remote_tokens, now);
-        leases
-            .get_mut(r.lease.expect("a read has a lease"))
-            .expect("lease")
-            .parts_left = parts;
+        leases.get_mut(lease_id).expect("lease").parts_left = parts;
+    }
+}
+
+/// A lease reached its deadline: renewed by the heartbeats since, or it
+/// expires and the prefiller frees its blocks (they stay cached).
+#[allow(clippy::too_many_arguments)]
+fn lease_deadline(
+    l: Entity,
+    now: f64,
+    flows: &mut Flows,
+    commands: &mut Commands,
+    leases: &mut Query<&mut Lease>,
+    engines: &mut Query<(&mut Engine, &mut KvPool, &Nic)>,
+    reqs: &mut Query<&mut Request>,
+    deadlines: &mut Deadlines,
+    rng: &mut FaultRng,
+    faults: &[crate::scenario::Fault],
+) {
+    let Ok(mut lease) = leases.get_mut(l) else {
+        return;
+    };
+    lease.deadline = None;
+    if let Some(t) = renewal(&mut lease, now, &flows.lease, faults, &mut rng.0) {
+        lease.expires_at = t;
+        lease.deadline = Some(deadlines.insert(t, l));
+        return;
+    }
+    lease.state = LeaseState::Expired;
+    flows.leases_expired += 1;
+    {
+        let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
+        p.lease_ended(&lease.blocks, &mut kv.0);
+    }
+    flows.stranded_token_seconds += stranded_token_seconds(&lease, now);
+    let request = lease.request;
+    let transferring = lease.parts_left > 0;
+    let reader = reqs
+        .get_mut(request)
+        .ok()
+        .filter(|r| r.status != Status::Failed && lease.stranded_since.is_none());
+    match reader {
+        // Its transfer completes all the same (from freed blocks).
+        _ if transferring => {}
+        // A pull read still to come reads the freed blocks (vLLM only logs it).
+        Some(_) if flows.mode == TransferMode::NixlPull => {}
+        // Push: the prefiller never writes after the expiry.
+        Some(mut r) => {
+            r.stuck = true;
+            r.lease = None;
+            commands.entity(l).despawn();
+        }
+        None => {
+            if let Ok(mut r) = reqs.get_mut(request)
+                && r.lease == Some(l)
+            {
+                r.lease = None;
+            }
+            commands.entity(l).despawn();
+        }
     }
 }
 
 /// A transfer finished: the prefiller's lease ends, the decoder gets the KV.
+#[allow(clippy::too_many_arguments)]
 fn complete(
     request: Entity,
     now: f64,
-    mode: TransferMode,
+    flows: &mut Flows,
     commands: &mut Commands,
     leases: &Query<&mut Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool, &Nic)>,
     reqs: &mut Query<&mut Request>,
+    deadlines: &mut Deadlines,
 ) {
     let mut r = reqs.get_mut(request).expect("transferring request");
     let lease_id = r.lease.take().expect("a transfer has a lease");
     let lease = leases.get(lease_id).expect("lease");
-    {
-        let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
-        // Freed tail first; the prompt's full blocks stay cached.
-        p.lease_ended(&lease.blocks, &mut kv.0);
+    if let Some(key) = lease.deadline {
+        deadlines.remove(key);
+    }
+    match lease.state {
+        LeaseState::Held => {
+            let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
+            // Freed tail first; the prompt's full blocks stay cached.
+            p.lease_ended(&lease.blocks, &mut kv.0);
+        }
+        LeaseState::Expired => flows.reads_of_freed_blocks += 1,
+        LeaseState::Lost => unreachable!("a lost lease's flows were stopped"),
     }
     commands.entity(lease_id).despawn();
     r.read_done_at = Some(now);
     let decoder = r.decoder.expect("routed");
     let (mut d, mut kv, _) = engines.get_mut(decoder).expect("decoder");
-    match mode {
-        TransferMode::NixlPull => d.read_done(request, &mut kv.0, r.into_inner()),
+    match flows.mode {
+        TransferMode::NixlPull | TransferMode::NixlPush => {
+            d.read_done(request, &mut kv.0, r.into_inner())
+        }
         TransferMode::StoreAndForward => {
             // Only now does the request queue for the decoder.
             r.kv_source = KvSource::Delivered;
@@ -125,8 +250,10 @@ fn complete(
     }
 }
 
-/// System: the decoders' workers post a READ for every request parked in
-/// this tick; its flow starts after the fixed latency `x0` (MODEL.md §7.2).
+/// System: for every request parked in this tick the decoder's worker posts
+/// a READ, whose flow starts after the fixed latency `x0` (MODEL.md §7.2);
+/// or, in push mode, registers its blocks with the prefiller, which learns
+/// of them a notification later.
 pub fn post_reads_system(
     clock: Res<Clock>,
     flows: Res<Flows>,
@@ -134,7 +261,12 @@ pub fn post_reads_system(
     mut agenda: ResMut<Agenda>,
 ) {
     for &id in &parked.queue {
-        agenda.schedule(clock.now + flows.latency, Event::ReadStart(id));
+        match flows.mode {
+            TransferMode::NixlPush => {
+                agenda.schedule(clock.now + flows.notify_latency, Event::Registration(id))
+            }
+            _ => agenda.schedule(clock.now + flows.latency, Event::ReadStart(id)),
+        }
     }
     parked.queue.clear();
 }

@@ -3,6 +3,7 @@
 mod common;
 mod errors;
 mod golden;
+mod handoff;
 mod hardware;
 mod layout;
 mod mechanisms;

@@ -45,13 +45,7 @@ fn policies(
             .collect(),
         picker,
     };
-    let router = Router {
-        plugins: BTreeMap::new(),
-        prefix_index_blocks: 0,
-        decider,
-        decode: profile.clone(),
-        prefill: profile,
-    };
+    let router = Router::with_profiles(decider, profile.clone(), profile);
     Policies::load(&router, seed, Some(Path::new("lib"))).unwrap_or_else(|e| panic!("{e}"))
 }
 

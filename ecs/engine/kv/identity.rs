@@ -37,7 +37,7 @@ pub struct Segment {
 /// A request's token stream as segments of streams (the first starts at
 /// token 0, starts increase). Synthetic sessions have one segment, their
 /// session's stream.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BlockPath {
     segments: Vec<Segment>,
 }

@@ -121,6 +121,13 @@ impl BlockPool {
         }
     }
 
+    /// The same pool, empty: what a restarted instance starts with.
+    pub fn emptied(&self) -> BlockPool {
+        let mut pool = BlockPool::new(self.blocks.len() as u32, self.block_size);
+        pool.vllm = self.vllm;
+        pool
+    }
+
     pub fn block_size(&self) -> u32 {
         self.block_size
     }
