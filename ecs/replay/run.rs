@@ -132,6 +132,7 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
         steps.push((row, entries.iter().map(|e| e.2).collect()));
     }
     let x0 = sc.raw.transfer.latency;
+    let parallel = sc.raw.router.dispatch == crate::scenario::Dispatch::Parallel;
     let empty = Vec::new();
     let engine_report = |e: Entity, role: Role| -> EngineReport {
         let steps = per_engine.get(&e).unwrap_or(&empty);
@@ -162,7 +163,7 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
             prefiller,
             &finished,
             &log,
-            x0,
+            parallel,
         );
         EngineReport {
             requests,
@@ -177,7 +178,7 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
         prefill,
         x0,
     };
-    if let Some(p) = &report.prefill {
+    if let Some(p) = report.prefill.as_ref().filter(|_| !parallel) {
         // As the oracle submits decode legs: when their prefill finished, in
         // the order the prefiller's step listed them.
         let key = |id: &str| {
@@ -213,7 +214,7 @@ fn request_rows(
     prefiller: bool,
     finished: &HashMap<u64, Request>,
     log: &ReplayLog,
-    x0: f64,
+    parallel: bool,
 ) -> Vec<RequestRow> {
     let mut rows: Vec<RequestRow> = order
         .iter()
@@ -266,16 +267,19 @@ fn request_rows(
     for (row, &id) in rows.iter_mut().zip(order) {
         let done = finished.get(&id);
         if decoder_of_pd {
-            // The decode leg arrives when the prefiller answers; its prefix
-            // hit is the decoder's local hit at parking (its first scheduled
-            // step starts from prompt − 1 computed tokens).
-            row.arrival_time = done.and_then(|r| r.t1).unwrap_or(f64::NAN);
+            // The decode leg arrives when the prefiller answers (with
+            // parallel dispatch, with the prefill leg); its prefix hit is the
+            // decoder's local hit at parking (its first scheduled step starts
+            // from prompt − 1 computed tokens).
+            if !parallel {
+                row.arrival_time = done.and_then(|r| r.t1).unwrap_or(f64::NAN);
+            }
             row.prefix_hit = done.and_then(|r| r.prefix_hit);
             if let Some(&parked) = log.parked.get(&id) {
                 row.remote = Some(RemoteRow {
                     parked_time: parked,
                     remote_tokens: done.map_or(0, |r| r.remote_tokens),
-                    read_start: parked + x0,
+                    read_start: done.and_then(|r| r.read_started_at).unwrap_or(f64::NAN),
                     read_done: done.and_then(|r| r.read_done_at),
                 });
             }

@@ -115,6 +115,35 @@ impl Trace {
                 "nic": {"tokens_per_s": nic},
             })
         };
+        // NIXL pull (default) or push, serial (default) or parallel dispatch.
+        let word = |key: &str, default: &str, allowed: [&str; 2]| -> Result<String> {
+            let v = self
+                .config
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or(default);
+            if allowed.contains(&v) {
+                Ok(v.to_string())
+            } else {
+                Err(Error::new(format!(
+                    "config.{key} must be \"{}\" or \"{}\", got {v:?}",
+                    allowed[0], allowed[1]
+                )))
+            }
+        };
+        let transfer_mode = match word("transfer", "pull", ["pull", "push"])?.as_str() {
+            "push" => "NixlPush",
+            _ => "NixlPull",
+        };
+        let dispatch = match word("dispatch", "serial", ["serial", "parallel"])?.as_str() {
+            "parallel" => "Parallel",
+            _ => "Serial",
+        };
+        let notify = self
+            .config
+            .get("notify_latency")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.001);
         // The router is never consulted (RouterMode::Direct).
         let unused = json!({"script": "unused-in-replay.rhai"});
         let tree = json!({
@@ -133,11 +162,13 @@ impl Trace {
             },
             "prefill": pool(&p),
             "decode": pool(&d),
-            "transfer": {"mode": "NixlPull", "latency": x0, "sharing": "MaxMin"},
+            "transfer": {"mode": transfer_mode, "latency": x0, "sharing": "MaxMin",
+                         "notify_latency": notify},
             "router": {
                 "decider": unused,
                 "decode": {"picker": unused},
                 "prefill": {"picker": unused},
+                "dispatch": dispatch,
             },
         });
         let mut raw: scenario::RawScenario = serde_path_to_error::deserialize(tree)

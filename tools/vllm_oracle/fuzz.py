@@ -98,7 +98,20 @@ def random_trace(rng):
         arrival = round(rng.uniform(0, horizon), 3) if rng.random() < 0.8 else 0.0
         requests.append({"id": f"r{i}", "arrival_time": arrival, "prompt_len": prompt,
                          "session": session, "output_len": output})
+    if mode == "pd" and rng.random() < 0.5:
+        # NIXL push (drawn last: the pull traces of a seed stay as they were).
+        config["transfer"] = "push"
+        config["dispatch"] = rng.choice(["serial", "parallel"])
+        config["notify_latency"] = rng.choice([0.0, 0.001, 0.003])
     return {"config": config, "requests": requests}
+
+
+def kind(trace):
+    """single, pd (pull), pd push serial, pd push parallel."""
+    c = trace["config"]
+    if c.get("transfer") == "push":
+        return f"pd push {c['dispatch']}"
+    return c["mode"]
 
 
 def same(a, b):
@@ -197,7 +210,7 @@ def fuzz(n, seed, binary=None, quiet=False, start=0):
     binary = binary or os.path.join(ROOT, "target", "release", "pdsim")
     if not os.path.exists(binary):
         raise SystemExit(f"{binary} not found: run `cargo build --release` first")
-    counts = {"single": 0, "pd": 0}
+    counts = {"single": 0, "pd": 0, "pd push serial": 0, "pd push parallel": 0}
     seen = {}
     steps = 0
     started = time.time()
@@ -219,16 +232,17 @@ def fuzz(n, seed, binary=None, quiet=False, start=0):
                 path = f"fuzz-divergence-{seed}-{k}.json"
                 with open(path, "w") as f:
                     json.dump(trace, f, indent=1)
-                print(f"trace {k} (seed {seed}, {trace['config']['mode']}) diverges; written to {path}")
+                print(f"trace {k} (seed {seed}, {kind(trace)}) diverges; written to {path}")
                 show(where, ours, theirs)
                 return 1
-            counts[trace["config"]["mode"]] += 1
+            counts[kind(trace)] += 1
             steps += sum(len(s["steps"]) for _, s in sections(theirs))
             for feature in features(theirs):
                 seen[feature] = seen.get(feature, 0) + 1
             if not quiet and (k + 1) % 25 == 0:
                 print(f"{k + 1} traces agree ({time.time() - started:.0f} s)", file=sys.stderr)
-    print(f"{n} random traces (seed {seed}): {counts['single']} single-engine, {counts['pd']} P/D, "
+    print(f"{n} random traces (seed {seed}): {counts['single']} single-engine, {counts['pd']} P/D pull, "
+          f"{counts['pd push serial']} P/D push serial, {counts['pd push parallel']} P/D push parallel, "
           f"{steps} vLLM steps; 0 divergences ({time.time() - started:.0f} s)")
     print("traces showing: " + ", ".join(f"{k} {v}" for k, v in sorted(seen.items())))
     return 0

@@ -58,7 +58,7 @@ def token(stream, k):
 class Engine:
     """One vLLM engine: a real Scheduler, a fake model runner, simulated time."""
 
-    def __init__(self, name, cfg, kv_role=None):
+    def __init__(self, name, cfg, kv_role=None, connector="NixlConnector"):
         self.name, self.cfg = name, cfg
         model = ModelConfig(model=MODEL_DIR, skip_tokenizer_init=True,
                             max_model_len=cfg["max_model_len"], dtype="bfloat16")
@@ -70,7 +70,7 @@ class Engine:
         cache = CacheConfig(block_size=cfg["block_size"], enable_prefix_caching=True)
         kv_transfer = None
         if kv_role is not None:
-            kv_transfer = KVTransferConfig(kv_connector="NixlConnector",
+            kv_transfer = KVTransferConfig(kv_connector=connector,
                                            kv_role=kv_role, engine_id=name)
         vllm_config = VllmConfig(model_config=model, scheduler_config=sched,
                                  cache_config=cache, device_config=DeviceConfig(device="cpu"),
@@ -275,6 +275,7 @@ class Reads:
     def park(self, rid, t, tokens):
         self.starting.append((t + self.x0, rid, tokens))
 
+
     def next_event(self):
         times = [s[0] for s in self.starting] + [f[1] for f in self.flows.values()]
         return min(times) if times else None
@@ -303,6 +304,35 @@ class Reads:
         return done
 
 
+class Writes(Reads):
+    """NIXL push (NixlPushConnector): the decoder registers its blocks at
+    parking, and the registration reaches the prefiller's writer `notify`
+    later; the prefiller's finished blocks reach it at the prefill's end
+    (its next schedule(), at once here). The WRITE is posted x0 after the
+    later of the two and shares the NICs as a read does; its end is
+    reported by both fake workers, as a read's is. Leases never expire here
+    (the oracle drives no lease reaper)."""
+
+    def __init__(self, x0, rate, notify):
+        super().__init__(x0, rate)
+        self.notify = notify
+        self.registered = {}   # rid -> (time the registration reaches P, tokens)
+        self.prefilled = {}    # rid -> time P's blocks are ready
+
+    def park(self, rid, t, tokens):
+        self.registered[rid] = (t + self.notify, tokens)
+        self._try(rid)
+
+    def prefill_done(self, rid, t):
+        self.prefilled[rid] = t
+        self._try(rid)
+
+    def _try(self, rid):
+        if rid in self.registered and rid in self.prefilled:
+            reg, tokens = self.registered.pop(rid)
+            self.starting.append((max(reg, self.prefilled.pop(rid)) + self.x0, rid, tokens))
+
+
 def engine_cfg(config, role):
     cfg = {k: config[k] for k in ENGINE_KEYS}
     cfg.update(config.get(role, {}) if role else {})
@@ -319,20 +349,42 @@ def run(trace):
                               r["output_len"], r["arrival_time"])
         reads = None
     elif mode == "pd":
-        P = Engine("prefill", engine_cfg(config, "prefill"), "kv_producer")
-        D = Engine("decode", engine_cfg(config, "decode"), "kv_consumer")
+        push = config.get("transfer", "pull") == "push"
+        parallel = config.get("dispatch", "serial") == "parallel"
+        if parallel and not push:
+            raise SystemExit("parallel dispatch needs the push connector")
+        connector = "NixlPushConnector" if push else "NixlConnector"
+        P = Engine("prefill", engine_cfg(config, "prefill"), "kv_producer", connector)
+        D = Engine("decode", engine_cfg(config, "decode"), "kv_consumer", connector)
         engines = [P, D]
-        reads = Reads(config["x0"], config["nic_tokens_per_s"])
+        if push:
+            reads = Writes(config["x0"], config["nic_tokens_per_s"],
+                           config.get("notify_latency", 0.001))
+        else:
+            reads = Reads(config["x0"], config["nic_tokens_per_s"])
         by_id = {r["id"]: r for r in requests}
         for r in requests:
-            # The sidecar's prefill leg: max_tokens = 1, do_remote_decode.
+            # The prefill leg: max_tokens = 1, do_remote_decode.
             P.submit(r["id"], r.get("session") or r["id"], r["prompt_len"], 1,
                      r["arrival_time"], {"do_remote_decode": True})
+            if parallel:
+                # vLLM's push proxy sends the decode leg at the same time,
+                # naming the prefiller from its command line (no block ids).
+                D.submit(r["id"], r.get("session") or r["id"], r["prompt_len"],
+                         r["output_len"], r["arrival_time"], {
+                             "do_remote_decode": False, "do_remote_prefill": True,
+                             "remote_engine_id": "prefill", "remote_host": "localhost",
+                             "remote_port": 5600, "tp_size": 1, "pp_size": 1,
+                             "remote_request_id": r["id"]})
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
     def on_finish(engine, rid, t, kv_params):
-        if reads is not None and engine is engines[0]:
+        if reads is None or engine is not engines[0]:
+            return
+        if isinstance(reads, Writes):
+            reads.prefill_done(rid, t)
+        if config.get("dispatch", "serial") == "serial":
             # The sidecar's decode leg: the original request, carrying the
             # prefiller's kv_transfer_params, reaches the decoder at t.
             r = by_id[rid]
