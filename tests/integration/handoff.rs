@@ -407,3 +407,27 @@ fn impossible_faults_are_refused_before_the_run() {
     let err = load("transfer.lease.duration=3");
     assert!(err.contains("at least 6 s with heartbeats"), "{err}");
 }
+
+#[test]
+fn a_booking_not_granted_before_the_prefill_ends_keeps_the_lease_until_it_is() {
+    // Parallel dispatch onto the decoder whose one slot is busy until 3.0:
+    // the decode leg cannot be admitted (parking needs a free slot), so
+    // nothing is booked when the prefill ends at 0.041. The prefiller
+    // holds the lease; at 3.0 the decoder parks the request, registers
+    // (3.001), and the write runs 3.006 → 3.046: a lease of 3.005 s.
+    let out = long_decoder_queue(&["transfer.mode=NixlPush", "router.dispatch=Parallel"]);
+    let r = out.req(1);
+    assert_close(r.parked_at.unwrap(), 3.0, "booked when the slot freed");
+    assert_close(
+        r.read_started_at.unwrap(),
+        3.006,
+        "write after the registration",
+    );
+    assert_close(r.read_done_at.unwrap(), 3.046, "written");
+    assert_close(
+        out.report.mean("lease").unwrap(),
+        3.046 - 0.041,
+        "lease held meanwhile",
+    );
+    assert_eq!(out.at(2.0).p_held_blocks, 10, "the prefiller holds the KV");
+}
