@@ -43,6 +43,8 @@ pub struct Sim {
     horizon: f64,
     /// Scratch: the events due in the tick being handed over.
     due: Vec<Event>,
+    /// The earliest deadline, as of the last look (deadlines due with a tick).
+    deadline_at: Option<f64>,
 }
 
 impl Sim {
@@ -212,30 +214,58 @@ impl Sim {
         );
         // Most ticks finish and park nothing: a run condition skips those
         // systems for less than running them would cost.
+        // Each system runs only when its input is not empty: most ticks end
+        // one engine's step and nothing else (run conditions cost less than
+        // fetching a system's parameters).
         schedule.add_systems((
-            phase_system.in_set(SimSystems::Phases),
+            phase_system
+                .run_if(|e: Res<TickEvents>| !e.phases.is_empty())
+                .in_set(SimSystems::Phases),
             faults_system
                 .run_if(|e: Res<TickEvents>, q: Res<FaultQueue>| {
                     !(e.faults.is_empty() && e.router_learns.is_empty() && q.commands.is_empty())
                 })
                 .in_set(SimSystems::Faults),
-            workload_system.in_set(SimSystems::Workload),
-            routing_system.in_set(SimSystems::Routing),
-            transfer_system.in_set(SimSystems::Transfers),
+            workload_system
+                .run_if(|e: Res<TickEvents>| {
+                    e.session_arrivals > 0
+                        || !e.next_turns.is_empty()
+                        || !e.trace_arrivals.is_empty()
+                })
+                .in_set(SimSystems::Workload),
+            routing_system
+                .run_if(|e: Res<TickEvents>, g: Res<Gateway>| {
+                    !(g.queue.is_empty()
+                        && e.client_retries.is_empty()
+                        && e.prefill_retries.is_empty())
+                })
+                .in_set(SimSystems::Routing),
+            transfer_system
+                .run_if(|e: Res<TickEvents>| {
+                    !(e.flow_done.is_empty()
+                        && e.read_starts.is_empty()
+                        && e.registrations.is_empty()
+                        && e.lease_deadlines.is_empty())
+                })
+                .in_set(SimSystems::Transfers),
             (
-                step_end_system,
+                step_end_system.run_if(|e: Res<TickEvents>| !e.step_ends.is_empty()),
                 retire_system.run_if(|f: Res<Finished>| !f.queue.is_empty()),
             )
                 .chain()
                 .in_set(SimSystems::StepEnd),
-            handoff_system.in_set(SimSystems::Handoff),
+            handoff_system
+                .run_if(|h: Res<Handoffs>| !h.queue.is_empty())
+                .in_set(SimSystems::Handoff),
             (
                 step_start_system,
                 post_reads_system.run_if(|p: Res<Parked>| !p.queue.is_empty()),
             )
                 .chain()
                 .in_set(SimSystems::StepStart),
-            bandwidth_system.in_set(SimSystems::Bandwidth),
+            bandwidth_system
+                .run_if(|f: Res<Flows>| f.changed)
+                .in_set(SimSystems::Bandwidth),
             fail_system
                 .run_if(|f: Res<Failed>| !f.queue.is_empty())
                 .in_set(SimSystems::Failures),
@@ -246,6 +276,7 @@ impl Sim {
             schedule,
             horizon: raw.horizon,
             due: Vec::new(),
+            deadline_at: None,
         })
     }
 
@@ -310,9 +341,10 @@ impl Sim {
     }
 
     /// The next instant something happens: an event, or a deadline.
-    fn next_time(&self) -> Option<f64> {
+    fn next_time(&mut self) -> Option<f64> {
         let event = self.world.resource::<Agenda>().next_time();
         let deadline = self.world.resource::<Deadlines>().next_time();
+        self.deadline_at = deadline;
         match (event, deadline) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -333,9 +365,11 @@ impl Sim {
         for &e in &self.due {
             events.push(e);
         }
-        let mut due = std::mem::take(&mut events.lease_deadlines);
-        self.world.resource_mut::<Deadlines>().pop_at(t, &mut due);
-        self.world.resource_mut::<TickEvents>().lease_deadlines = due;
+        if self.deadline_at == Some(t) {
+            let mut due = std::mem::take(&mut events.lease_deadlines);
+            self.world.resource_mut::<Deadlines>().pop_at(t, &mut due);
+            self.world.resource_mut::<TickEvents>().lease_deadlines = due;
+        }
         let mut clock = self.world.resource_mut::<Clock>();
         clock.now = t;
         clock.ticks += 1;
