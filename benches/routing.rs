@@ -75,6 +75,7 @@ fn main() {
             prompt_tokens: 2500,
             new_tokens: 600,
             block_size: 16,
+            ..Default::default()
         }
     };
     let decoders = [pod("decode", 0, 3, 1600), pod("decode", 1, 2, 0)];
@@ -84,7 +85,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
     time("decide (decider)", n, || {
-        std::hint::black_box(p.decide(&next_req(), &decoders[0]).unwrap());
+        std::hint::black_box(p.decide(&next_req(), &decoders[0], None).unwrap());
     });
     time("decode profile (scorer ×2, picker)", n, || {
         std::hint::black_box(p.choose(Role::Decode, &next_req(), &decoders).unwrap());
@@ -96,7 +97,7 @@ fn main() {
     time("a remote decision (all three)", n, || {
         let req = next_req();
         let j = p.choose(Role::Decode, &req, &decoders).unwrap();
-        assert!(p.decide(&req, &decoders[j]).unwrap());
+        assert!(p.decide(&req, &decoders[j], None).unwrap());
         std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
     });
 }

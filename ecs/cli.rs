@@ -207,6 +207,24 @@ fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// The command line with the user's own systems in every simulation it
+/// builds: an extension's `main` calls this (docs/extending.md).
+///
+/// ```no_run
+/// // An extension's main: the ordinary command line, with its systems.
+/// std::process::exit(pdsim::cli::main_with(|sim| {
+///     // sim.add_systems(my_system.in_set(pdsim::SimSystems::Observe));
+///     let _ = sim;
+/// }));
+/// ```
+pub fn main_with(extend: impl Fn(&mut Sim) + Send + Sync + 'static) -> i32 {
+    if let Err(e) = crate::sim::set_extension(Box::new(extend)) {
+        eprintln!("error: {e}");
+        return 1;
+    }
+    main()
+}
+
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
@@ -239,7 +257,15 @@ fn execute(command: Command) -> Result<()> {
             latency,
         } => {
             let sc = scenario::load(&scenario, &opts.overrides())?;
-            Sim::new(&sc)?;
+            let mut sim = Sim::new(&sc)?;
+            // Every hook once on made-up situations: runtime mistakes now,
+            // not at the first request that takes that branch.
+            if let crate::router::RouterMode::Scripts(p) =
+                &mut sim.world.non_send_mut::<crate::router::Router>().mode
+            {
+                p.rehearse()
+                    .map_err(|e| Error::new(format!("{}: {e}", scenario.display())))?;
+            }
             let derived = crate::check::Derived::of(&sc, &latency);
             if let Some(path) = json {
                 write_atomic(&path, &derived.to_json_text())?;
@@ -247,7 +273,7 @@ fn execute(command: Command) -> Result<()> {
             print!("{}", derived.to_text());
             let r = &sc.raw;
             println!(
-                "{}: ok ({} prefill × {} decode, {} scripts compiled, {} phases)",
+                "{}: ok ({} prefill × {} decode, {} scripts compiled and every hook called, {} phases)",
                 scenario.display(),
                 r.prefill.count,
                 r.decode.count,

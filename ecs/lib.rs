@@ -38,6 +38,9 @@ pub mod stats;
 pub mod transfer;
 pub mod workload;
 
+/// bevy_ecs, as pdsim uses it: an extension's systems and components use
+/// this one, so its version always matches.
+pub use bevy_ecs as ecs;
 pub use error::{Error, Result};
 pub use metrics::Report;
 pub use scenario::Scenario;

@@ -17,8 +17,11 @@ use crate::metrics::write_atomic;
 pub struct Metric {
     /// Its key in summary.json and the stem of its columns in summary.csv.
     pub key: &'static str,
-    /// Its column header in the printed table.
+    /// Its column header in the printed tables, with the unit shown.
     pub header: &'static str,
+    /// What a value is multiplied by to be shown in that unit (seconds as
+    /// milliseconds); the JSON and CSV keep the report's units.
+    pub scale: f64,
     pub at: At,
 }
 
@@ -36,61 +39,73 @@ pub const METRICS: [Metric; 12] = [
     Metric {
         key: "remote_fraction",
         header: "remote",
+        scale: 1.0,
         at: At::Field("observations", "remote", Some("mean")),
     },
     Metric {
         key: "ttft_mean",
-        header: "TTFT mean (s)",
+        header: "TTFT mean (ms)",
+        scale: 1e3,
         at: At::Field("observations", "ttft", Some("mean")),
     },
     Metric {
         key: "ttft_p90",
-        header: "TTFT p90 (s)",
+        header: "TTFT p90 (ms)",
+        scale: 1e3,
         at: At::Field("observations", "ttft", Some("p90")),
     },
     Metric {
         key: "tpot_mean",
-        header: "TPOT mean (s)",
+        header: "TPOT mean (ms)",
+        scale: 1e3,
         at: At::Field("observations", "tpot", Some("mean")),
     },
     Metric {
         key: "itl_p99",
-        header: "ITL p99 (s)",
+        header: "ITL p99 (ms)",
+        scale: 1e3,
         at: At::Field("observations", "itl", Some("p99")),
     },
     Metric {
         key: "response_mean",
-        header: "response (s)",
+        header: "e2e mean (ms)",
+        scale: 1e3,
         at: At::Field("observations", "response", Some("mean")),
     },
     Metric {
         key: "lease_mean",
-        header: "lease (s)",
+        header: "lease (ms)",
+        scale: 1e3,
         at: At::Field("observations", "lease", Some("mean")),
     },
     Metric {
         key: "prefill_kv_held",
         header: "P KV held (tok)",
+        scale: 1.0,
         at: At::Field("gauges", "prefill_kv_held", None),
     },
     Metric {
         key: "prefill_queue",
         header: "P queue",
+        scale: 1.0,
         at: At::Field("gauges", "prefill_queue", None),
     },
     Metric {
         key: "kv_usage_max",
         header: "D KV max",
+        scale: 1.0,
         at: At::Field("gauges", "kv_usage_max", None),
     },
     Metric {
         key: "prefill_hit_rate",
         header: "P hit",
+        scale: 1.0,
         at: At::Ratio("prefill_prefix_cache_hits", "prefill_prefix_cache_queries"),
     },
     Metric {
         key: "decode_hit_rate",
         header: "D hit",
+        scale: 1.0,
         at: At::Ratio("decode_prefix_cache_hits", "decode_prefix_cache_queries"),
     },
 ];
@@ -161,7 +176,9 @@ pub struct PointSummary {
     /// The point's value of each grid axis, by path.
     pub values: BTreeMap<String, String>,
     pub seeds: usize,
-    pub metrics: BTreeMap<&'static str, Stats>,
+    /// The headline metrics by key, then the scenario's own systems'
+    /// values (`custom.NAME`).
+    pub metrics: BTreeMap<String, Stats>,
 }
 
 #[derive(Debug, Serialize)]
@@ -183,16 +200,32 @@ pub(crate) fn write_summary(
     out: &Path,
     manifest: &Manifest,
 ) -> Result<(String, Vec<PointSummary>)> {
-    let mut points = Vec::new();
+    // The scenario's own systems' values: a column each, from every run.
+    let mut reports = Vec::new();
+    let mut custom = std::collections::BTreeSet::new();
     for p in manifest.points() {
-        let mut values: Vec<Vec<Option<f64>>> = vec![Vec::new(); METRICS.len()];
+        let mut runs = Vec::new();
         for &seed in &manifest.seeds {
             let path = run_path(out, &p, seed);
             let report: serde_json::Value = serde_json::from_str(&read(&path)?)
                 .map_err(|e| Error::new(format!("{}: not a run report: {e}", path.display())))?;
-            for (m, v) in METRICS.iter().zip(values.iter_mut()) {
-                v.push(m.of(&report));
+            if let Some(c) = report["custom"].as_object() {
+                custom.extend(c.keys().cloned());
             }
+            runs.push(report);
+        }
+        reports.push((p, runs));
+    }
+    let mut points = Vec::new();
+    for (p, runs) in reports {
+        let mut metrics = BTreeMap::new();
+        for m in METRICS {
+            let v: Vec<Option<f64>> = runs.iter().map(|r| m.of(r)).collect();
+            metrics.insert(m.key.to_string(), Stats::of(&v));
+        }
+        for name in &custom {
+            let v: Vec<Option<f64>> = runs.iter().map(|r| r["custom"][name].as_f64()).collect();
+            metrics.insert(format!("custom.{name}"), Stats::of(&v));
         }
         points.push(PointSummary {
             index: p.index,
@@ -204,13 +237,22 @@ pub(crate) fn write_summary(
                 .map(|(a, v)| (a.path.clone(), v.clone()))
                 .collect(),
             seeds: manifest.seeds.len(),
-            metrics: METRICS
-                .iter()
-                .zip(&values)
-                .map(|(m, v)| (m.key, Stats::of(v)))
-                .collect(),
+            metrics,
         });
     }
+    let columns: Vec<Column> = METRICS
+        .iter()
+        .map(|m| Column {
+            key: m.key.to_string(),
+            header: m.header.to_string(),
+            scale: m.scale,
+        })
+        .chain(custom.iter().map(|name| Column {
+            key: format!("custom.{name}"),
+            header: name.clone(),
+            scale: 1.0,
+        }))
+        .collect();
     let summary = SweepSummary {
         name: &manifest.name,
         scenario: &manifest.scenario,
@@ -225,10 +267,19 @@ pub(crate) fn write_summary(
     let mut json = serde_json::to_string_pretty(&summary).expect("serializes");
     json.push('\n');
     write_atomic(&out.join("summary.json"), &json)?;
-    write_atomic(&out.join("summary.csv"), &summary_csv(&summary))?;
-    let table = summary_table(&summary);
-    write_atomic(&out.join("summary.txt"), &table)?;
-    Ok((table, points))
+    write_atomic(&out.join("summary.csv"), &summary_csv(&summary, &columns))?;
+    write_atomic(
+        &out.join("summary.txt"),
+        &summary_table(&summary, &columns, true),
+    )?;
+    Ok((summary_table(&summary, &columns, false), points))
+}
+
+/// A column of the summary: a headline metric or a custom value.
+struct Column {
+    key: String,
+    header: String,
+    scale: f64,
 }
 
 fn csv_field(s: &str) -> String {
@@ -239,13 +290,13 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-fn summary_csv(s: &SweepSummary) -> String {
+fn summary_csv(s: &SweepSummary, columns: &[Column]) -> String {
     let mut header = vec!["point".to_string()];
     header.extend(s.grid.iter().map(|a| csv_field(&a.path)));
     header.push("seeds".into());
-    for m in METRICS {
+    for m in columns {
         for f in ["median", "min", "max", "n"] {
-            header.push(format!("{}_{f}", m.key));
+            header.push(csv_field(&format!("{}_{f}", m.key)));
         }
     }
     let mut out = header.join(",");
@@ -255,8 +306,8 @@ fn summary_csv(s: &SweepSummary) -> String {
         let mut row = vec![p.label.clone()];
         row.extend(s.grid.iter().map(|a| csv_field(&p.values[&a.path])));
         row.push(p.seeds.to_string());
-        for m in METRICS {
-            let st = &p.metrics[m.key];
+        for m in columns {
+            let st = &p.metrics[&m.key];
             row.extend([num(st.median), num(st.min), num(st.max), st.n.to_string()]);
         }
         out.push_str(&row.join(","));
@@ -293,7 +344,9 @@ fn seeds_text(seeds: &[u64]) -> String {
     }
 }
 
-fn summary_table(s: &SweepSummary) -> String {
+/// The summary as a table: medians only (`full`: with the range over the
+/// seeds), three significant digits, times in milliseconds.
+fn summary_table(s: &SweepSummary, columns: &[Column], full: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -309,17 +362,26 @@ fn summary_table(s: &SweepSummary) -> String {
     if !s.set.is_empty() {
         let _ = writeln!(out, "set: {}", s.set.join("  "));
     }
-    let _ = writeln!(out, "each cell: median over seeds (min–max)");
+    let _ = writeln!(
+        out,
+        "{}",
+        if full {
+            "each cell: median over seeds (min–max)"
+        } else {
+            "each cell: median over seeds (the range is in summary.txt, every digit in summary.csv)"
+        }
+    );
     let short = short_names(s.grid);
     let mut header: Vec<String> = vec!["point".into()];
     header.extend(short.iter().cloned());
-    header.extend(METRICS.iter().map(|m| m.header.to_string()));
+    header.extend(columns.iter().map(|m| m.header.clone()));
     let mut rows = vec![header];
     for p in &s.points {
         let mut row = vec![format!("p{:03}", p.index)];
         row.extend(s.grid.iter().map(|a| p.values[&a.path].clone()));
-        for m in METRICS {
-            let st = &p.metrics[m.key];
+        for m in columns {
+            let st = &p.metrics[&m.key];
+            let v = |x: f64| sig(x * m.scale);
             row.push(match (st.median, st.min, st.max) {
                 (Some(md), Some(lo), Some(hi)) => {
                     let partial = if st.n < p.seeds {
@@ -327,7 +389,11 @@ fn summary_table(s: &SweepSummary) -> String {
                     } else {
                         String::new()
                     };
-                    format!("{} ({}–{}){partial}", sig(md), sig(lo), sig(hi))
+                    if full {
+                        format!("{} ({}–{}){partial}", v(md), v(lo), v(hi))
+                    } else {
+                        format!("{}{partial}", v(md))
+                    }
                 }
                 _ => "-".into(),
             });

@@ -6,6 +6,31 @@ use bevy_ecs::prelude::*;
 use crate::engine::{Engine, KvPool};
 use crate::shared::{Clock, EngineIndex};
 
+/// Each gauge's unit and meaning (docs/model.md §9), for the text report.
+pub fn describe(name: &str) -> (&'static str, &'static str) {
+    match name {
+        "running_spread" => ("requests", "decoders' running requests, max − min"),
+        "load_spread" => (
+            "requests",
+            "decoders' active requests (running, parked, queued), max − min",
+        ),
+        "kv_usage_max" => (
+            "fraction",
+            "the fullest decoder's KV pool, blocks held ÷ blocks",
+        ),
+        "kv_usage_mean" => ("fraction", "decoders' KV pools, blocks held ÷ blocks, mean"),
+        "prefill_kv_held" => (
+            "tokens",
+            "KV a prefiller holds (running prefills and leases), mean over prefillers",
+        ),
+        "prefill_queue" => (
+            "requests",
+            "prefill legs waiting for admission, mean over prefillers",
+        ),
+        _ => ("", ""),
+    }
+}
+
 /// Gauge names, as in MODEL.md §9.
 pub const GAUGES: [&str; 6] = [
     "running_spread",

@@ -81,6 +81,13 @@ pub struct Report {
     /// Whole-run counts (from t = 0): requests, tokens, the prefix caches,
     /// KV transfers ([`Counters`] and the engines' and transfers' own).
     pub counters: BTreeMap<String, u64>,
+    /// What the scenario's own systems reported ([`crate::metrics::CustomMetrics`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub custom: BTreeMap<String, f64>,
+    /// What the router sent to each pod (`prefill-0`, `decode-1`, …) over
+    /// the whole run: requests (legs), of those prefilled remotely (on a
+    /// decoder), prompt tokens.
+    pub pods: BTreeMap<String, crate::router::book::Routed>,
     /// What a trace workload read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceSummary>,
@@ -235,7 +242,17 @@ impl Report {
         for p in &per_phase {
             overall.merge(p);
         }
-        let observations = summaries(&overall);
+        let mut observations = summaries(&overall);
+        let custom = world
+            .get_resource::<crate::metrics::CustomMetrics>()
+            .cloned()
+            .unwrap_or_default();
+        for (name, h) in &custom.observations {
+            observations
+                .entry(name.clone())
+                .or_insert_with(|| Summary::of(h));
+        }
+        let custom = custom.values;
         let throughput = Throughput::of(&overall, horizon - warmup, slo);
         let phases = if per_phase.len() > 1 {
             per_phase
@@ -261,6 +278,12 @@ impl Report {
         let trace = world.get_resource::<TraceSummary>().cloned();
         let router = world.non_send::<Router>();
         let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
+        let mut pods = BTreeMap::new();
+        for role in [Role::Prefill, Role::Decode] {
+            for (i, r) in router.book.routed[role as usize].iter().enumerate() {
+                pods.insert(format!("{}-{i}", role.name()), *r);
+            }
+        }
         Report {
             scenario,
             seed,
@@ -270,6 +293,8 @@ impl Report {
             throughput,
             gauges,
             counters,
+            custom,
+            pods,
             trace,
             phases,
             ticks,
@@ -323,7 +348,30 @@ impl Report {
         }
         let _ = writeln!(out, "\ngauges (time averages over [warm-up, horizon])");
         for (name, v) in &self.gauges {
-            let _ = writeln!(out, "  {name:<18}{v:>12.4}");
+            let (unit, what) = crate::metrics::gauges::describe(name);
+            let _ = writeln!(out, "  {name:<18}{v:>12.4}  {unit:<9} {what}");
+        }
+        if !self.custom.is_empty() {
+            let _ = writeln!(out, "\ncustom (the scenario's own systems)");
+            for (name, v) in &self.custom {
+                let _ = writeln!(out, "  {name:<28}{v:>12.4}");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\nrouted (whole run): requests, of which prefilled remotely, prompt tokens"
+        );
+        for (pod, r) in &self.pods {
+            let remote = if pod.starts_with("decode") {
+                format!("{:>10}", r.remote)
+            } else {
+                format!("{:>10}", "-")
+            };
+            let _ = writeln!(
+                out,
+                "  {pod:<12}{:>10}{remote}{:>14}",
+                r.requests, r.prompt_tokens
+            );
         }
         let _ = writeln!(
             out,
@@ -391,6 +439,26 @@ fn write_table(out: &mut String, obs: &BTreeMap<String, Summary>) {
             "{:<14}{:>9}{:>9}{:>12}{:>12}{:>12}{:>12}",
             o.name(),
             o.unit(),
+            s.count,
+            f(s.mean),
+            f(s.p50),
+            f(s.p90),
+            f(s.p99)
+        );
+    }
+    // The scenario's own systems' observations (no unit known).
+    for (name, s) in obs {
+        if Obs::ALL
+            .iter()
+            .any(|o| o.name() == name || name == "response")
+        {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "{:<14}{:>9}{:>9}{:>12}{:>12}{:>12}{:>12}",
+            name,
+            "-",
             s.count,
             f(s.mean),
             f(s.p50),

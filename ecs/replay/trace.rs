@@ -149,7 +149,7 @@ impl Trace {
         let tree = json!({
             "name": format!("replay of {}", source.display()),
             "seed": 1,
-            "horizon": 1e12,
+            "horizon": crate::scenario::validate::MAX_HORIZON,
             "warmup": 0.0,
             "engine_semantics": "Vllm033",
             "workload": {

@@ -16,7 +16,7 @@ use crate::shared::{
 };
 use crate::transfer::{Flows, Nic};
 
-pub fn req_view(r: &Request, block_size: u32) -> ReqView {
+pub fn req_view(r: &Request, block_size: u32, now: f64) -> ReqView {
     ReqView {
         id: r.id as i64,
         session: r.session as i64,
@@ -24,6 +24,8 @@ pub fn req_view(r: &Request, block_size: u32) -> ReqView {
         prompt_tokens: r.prompt as i64,
         new_tokens: r.new_tokens as i64,
         block_size: block_size as i64,
+        arrival_time: r.t0,
+        now,
     }
 }
 
@@ -54,6 +56,8 @@ fn pod_view(
         cached_tokens: (cached_blocks * bs) as i64,
         max_num_seqs: eng.cfg.max_num_seqs as i64,
         nic_flows: flows.per_pod[nic.pod as usize] as i64,
+        nic_capacity: f64::from(nic.links) * nic.tokens_per_s,
+        nic_rate: flows.pod_rate[nic.pod as usize],
         router_requests: router_requests as i64,
         router_tokens: router_tokens as i64,
         router_cached_tokens: book.cached_tokens(
@@ -107,7 +111,7 @@ pub fn routing_system(
     for i in 0..gateway.queue.len() {
         let id = gateway.queue[i];
         let started = std::time::Instant::now();
-        let decision = route(id, router, &index, &engines, &reqs, &flows);
+        let decision = route(id, router, &index, &engines, &reqs, &flows, now);
         router.decisions += 1;
         router.seconds += started.elapsed().as_secs_f64();
         let (decoder, prefiller) = match decision {
@@ -122,23 +126,20 @@ pub fn routing_system(
                 break;
             }
         };
+        let d_index = engines.get(decoder).expect("decoder").0.index;
+        let p_index = prefiller.map(|p| engines.get(p).expect("prefiller").0.index);
         let mut r = reqs.get_mut(id).expect("routed request");
         tracing::debug!(
             request = r.id,
             session = r.session,
             prompt = r.prompt,
-            remote = prefiller.is_some(),
+            decoder = d_index,
+            prefiller = p_index.map_or(-1, i64::from),
             "routed"
         );
         r.decoder = Some(decoder);
         r.prefiller = prefiller;
-        let d_index = engines.get(decoder).expect("decoder").0.index;
-        router.book.routed(
-            d_index,
-            prefiller.map(|p| engines.get(p).expect("prefiller").0.index),
-            r.prompt,
-            &r.path,
-        );
+        router.book.routed(d_index, p_index, r.prompt, &r.path);
         let Some(p) = prefiller else {
             enqueue(id, &mut r, decoder, &mut engines, &mut failed);
             continue;
@@ -198,7 +199,8 @@ fn enqueue(
 
 /// The llm-d disaggregation profile handler: decode profile, decider, then
 /// the prefill profile when the decider says so. Pods the router knows to
-/// be down are not candidates; `None` when no pod of a role is left.
+/// be down are not candidates; `None` when no pod of a role is left. A
+/// decider that takes the prefill pods sees them before it decides.
 fn route(
     id: Entity,
     router: &mut Router,
@@ -206,6 +208,7 @@ fn route(
     engines: &Query<(&mut Engine, &KvPool, &Nic)>,
     reqs: &Query<&mut Request>,
     flows: &Flows,
+    now: f64,
 ) -> Result<Option<(Entity, Option<Entity>)>, Error> {
     let r = reqs.get(id).expect("request at the gateway");
     let policies = match &mut router.mode {
@@ -223,41 +226,68 @@ fn route(
         .1
         .0
         .block_size();
-    let req = req_view(r, bs);
+    let req = req_view(r, bs, now);
     let n_prefill = index.prefill.len();
-    router.pods.clear();
-    router.candidates.clear();
-    for (j, &e) in index.decode.iter().enumerate() {
-        if router.known_down.get(n_prefill + j) == Some(&true) {
-            continue;
+    let views = |pods: &mut Vec<PodView>,
+                 candidates: &mut Vec<Entity>,
+                 of: &[Entity],
+                 first: usize,
+                 known_down: &[bool],
+                 book: &RouterBook| {
+        pods.clear();
+        candidates.clear();
+        for (k, &e) in of.iter().enumerate() {
+            if known_down.get(first + k) == Some(&true) {
+                continue;
+            }
+            candidates.push(e);
+            pods.push(pod_view(e, r, engines, flows, book));
         }
-        router.candidates.push(e);
-        router
-            .pods
-            .push(pod_view(e, r, engines, flows, &router.book));
-    }
+    };
+    views(
+        &mut router.pods,
+        &mut router.candidates,
+        &index.decode,
+        n_prefill,
+        &router.known_down,
+        &router.book,
+    );
     if router.pods.is_empty() {
         return Ok(None);
     }
     let j = policies.choose(Role::Decode, &req, &router.pods)?;
     let decoder = router.candidates[j];
-    if !policies.decide(&req, &router.pods[j])? {
+    let sees_prefill = policies.decider.arity == 3;
+    if sees_prefill {
+        views(
+            &mut router.prefill_pods,
+            &mut router.prefill_candidates,
+            &index.prefill,
+            0,
+            &router.known_down,
+            &router.book,
+        );
+        if router.prefill_pods.is_empty() {
+            return Ok(None);
+        }
+    }
+    let prefill_pods = sees_prefill.then_some(&router.prefill_pods[..]);
+    if !policies.decide(&req, &router.pods[j], prefill_pods)? {
         return Ok(Some((decoder, None)));
     }
-    router.pods.clear();
-    router.candidates.clear();
-    for (i, &e) in index.prefill.iter().enumerate() {
-        if router.known_down.get(i) == Some(&true) {
-            continue;
+    if !sees_prefill {
+        views(
+            &mut router.prefill_pods,
+            &mut router.prefill_candidates,
+            &index.prefill,
+            0,
+            &router.known_down,
+            &router.book,
+        );
+        if router.prefill_pods.is_empty() {
+            return Ok(None);
         }
-        router.candidates.push(e);
-        router
-            .pods
-            .push(pod_view(e, r, engines, flows, &router.book));
     }
-    if router.pods.is_empty() {
-        return Ok(None);
-    }
-    let i = policies.choose(Role::Prefill, &req, &router.pods)?;
-    Ok(Some((decoder, Some(router.candidates[i]))))
+    let i = policies.choose(Role::Prefill, &req, &router.prefill_pods)?;
+    Ok(Some((decoder, Some(router.prefill_candidates[i]))))
 }

@@ -43,6 +43,8 @@ pub struct Router {
     /// Scratch candidate views and their engines, reused across requests.
     pods: Vec<PodView>,
     candidates: Vec<bevy_ecs::entity::Entity>,
+    prefill_pods: Vec<PodView>,
+    prefill_candidates: Vec<bevy_ecs::entity::Entity>,
 }
 
 impl Router {
@@ -55,6 +57,8 @@ impl Router {
             known_down: Vec::new(),
             pods: Vec::new(),
             candidates: Vec::new(),
+            prefill_pods: Vec::new(),
+            prefill_candidates: Vec::new(),
         }
     }
 }

@@ -18,8 +18,13 @@ pub struct RawScenario {
     pub name: String,
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// Simulated seconds; requests finishing later are not counted.
-    #[serde(default = "default_horizon")]
+    /// Simulated seconds; requests finishing later are not counted. `inf`
+    /// with a trace workload: until the trace is served.
+    #[serde(
+        default = "default_horizon",
+        deserialize_with = "number_or_inf",
+        serialize_with = "number_or_inf_out"
+    )]
     pub horizon: f64,
     /// Requests reaching the gateway earlier are not counted.
     #[serde(default = "default_warmup")]
@@ -80,6 +85,42 @@ pub enum EngineSemantics {
 fn default_seed() -> u64 {
     1
 }
+/// A number, or `inf` (which a `--set` tree carries as a string: JSON has
+/// no infinity).
+fn number_or_inf<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    struct V;
+    impl serde::de::Visitor<'_> for V {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a number of seconds, or inf")
+        }
+        fn visit_f64<E>(self, x: f64) -> std::result::Result<f64, E> {
+            Ok(x)
+        }
+        fn visit_i64<E>(self, x: i64) -> std::result::Result<f64, E> {
+            Ok(x as f64)
+        }
+        fn visit_u64<E>(self, x: u64) -> std::result::Result<f64, E> {
+            Ok(x as f64)
+        }
+        fn visit_str<E: serde::de::Error>(self, w: &str) -> std::result::Result<f64, E> {
+            match w {
+                "inf" | "+inf" | "infinity" => Ok(f64::INFINITY),
+                _ => Err(E::invalid_value(serde::de::Unexpected::Str(w), &self)),
+            }
+        }
+    }
+    d.deserialize_any(V)
+}
+
+fn number_or_inf_out<S: serde::Serializer>(x: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    if x.is_infinite() && *x > 0.0 {
+        s.serialize_str("inf")
+    } else {
+        s.serialize_f64(*x)
+    }
+}
+
 fn default_horizon() -> f64 {
     2000.0
 }

@@ -112,6 +112,9 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
     Ok(out)
 }
 
+/// The longest horizon accepted (a synthetic workload never ends on its own).
+pub const MAX_HORIZON: f64 = 1e9;
+
 /// Checks every number a run depends on; refuses impossible scenarios with
 /// a sentence saying why.
 pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
@@ -124,10 +127,24 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
     let finite_pos = |x: f64| x.is_finite() && x > 0.0;
     let finite_nonneg = |x: f64| x.is_finite() && x >= 0.0;
 
+    let trace = raw.workload.trace.is_some();
     need(
-        finite_pos(raw.horizon),
+        raw.horizon > 0.0 && (raw.horizon.is_finite() || trace),
         format!(
-            "horizon must be a positive number of seconds, got {}",
+            "horizon must be a positive number of seconds{}, got {}",
+            if trace {
+                " or inf (until the trace is served)"
+            } else {
+                " (inf only with a trace workload, which ends)"
+            },
+            raw.horizon
+        ),
+    );
+    need(
+        raw.horizon <= MAX_HORIZON || raw.horizon.is_infinite(),
+        format!(
+            "horizon {} s is more than {MAX_HORIZON:e} s (about 32 years) of simulated time: \
+             at the reference's speed that is days of wall time; give a shorter horizon",
             raw.horizon
         ),
     );

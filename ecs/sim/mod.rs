@@ -55,6 +55,7 @@
 //! | [`outputs`] | a run with its output files (JSON, vLLM bench, AIPerf, Prometheus, timeline, HTML, figures) |
 
 use bevy_ecs::prelude::*;
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
 
 pub mod faults;
@@ -84,3 +85,21 @@ pub enum SimSystems {
 
 /// Simulated time of the tick in progress (`f64` bits), for log timestamps.
 pub static SIM_TIME: AtomicU64 = AtomicU64::new(0);
+
+/// A function that extends every simulation built in this process with the
+/// user's own systems and resources ([`crate::cli::main_with`]): the
+/// ordinary command line (`run`, `sweep`, `--plots`, `check`) then runs them.
+pub type Extension = dyn Fn(&mut Sim) + Send + Sync;
+
+static EXTENSION: OnceLock<Box<Extension>> = OnceLock::new();
+
+/// Installs the extension (once per process; a second call is refused).
+pub fn set_extension(f: Box<Extension>) -> Result<(), crate::error::Error> {
+    EXTENSION
+        .set(f)
+        .map_err(|_| crate::error::Error::new("an extension is already installed"))
+}
+
+pub(crate) fn extension() -> Option<&'static Extension> {
+    EXTENSION.get().map(|b| b.as_ref())
+}

@@ -15,7 +15,7 @@ use crate::engine::{BlockPool, Engine, KvPool, Request, Role, StepLog};
 use crate::error::Result;
 use crate::metrics::figures::{SeriesRecorder, series_system};
 use crate::metrics::gauges::observe_system;
-use crate::metrics::{Counters, Gauges, Metrics, Report};
+use crate::metrics::{Counters, CustomMetrics, Gauges, Metrics, Report};
 use crate::router::book::RouterBook;
 use crate::router::gateway::routing_system;
 use crate::router::policy::Policies;
@@ -55,6 +55,20 @@ impl Sim {
         let raw = &scenario.raw;
         let router = scenario::expand_plugins(&raw.router)?;
         let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
+        // Every phase's policies load now (and are dropped), so a phase's
+        // mistake is refused before the run rather than when it starts.
+        let mut phased = raw.clone();
+        for (i, phase) in raw.phases.iter().enumerate() {
+            for (path, value) in &phase.set {
+                phased = scenario::apply_override(&phased, &format!("{path}={value}"))
+                    .map_err(|e| crate::error::Error::new(format!("phases.{i}: {e}")))?;
+            }
+            scenario::expand_plugins(&phased.router)
+                .and_then(|r| Policies::load(&r, raw.seed, scenario.lib_dir.as_deref()))
+                .map_err(|e| {
+                    crate::error::Error::new(format!("phases.{i} (at {} s): {e}", phase.at))
+                })?;
+        }
         let router = RouterMode::Scripts(Box::new(policies));
         match &raw.workload.trace {
             None => Self::build(scenario, router, None),
@@ -184,6 +198,7 @@ impl Sim {
         world.insert_resource(Counters::default());
         world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
         world.insert_resource(Deadlines::default());
+        world.insert_resource(CustomMetrics::default());
         world.insert_resource(Failed::default());
         world.insert_resource(FaultQueue::default());
         world.insert_resource(FaultRng(Xoshiro256PlusPlus::seed_from_u64(
@@ -271,13 +286,17 @@ impl Sim {
                 .in_set(SimSystems::Failures),
             observe_system.in_set(SimSystems::Observe),
         ));
-        Ok(Sim {
+        let mut sim = Sim {
             world,
             schedule,
             horizon: raw.horizon,
             due: Vec::new(),
             deadline_at: None,
-        })
+        };
+        if let Some(extend) = crate::sim::extension() {
+            extend(&mut sim);
+        }
+        Ok(sim)
     }
 
     /// Adds user systems to the tick schedule; order them against
@@ -314,6 +333,14 @@ impl Sim {
 
     /// Runs ticks until the horizon (or until nothing is left to happen).
     pub fn run(&mut self) -> Result<Report> {
+        // A custom system whose order against the others is not fixed (two
+        // systems touching the same data with no `before`/`after` between
+        // them) is refused here rather than by a panic mid-run.
+        self.schedule.initialize(&mut self.world).map_err(|e| {
+            crate::error::Error::new(format!(
+                "the tick's systems cannot be ordered: {e} (order a custom system against the sets of SimSystems, docs/extending.md)"
+            ))
+        })?;
         let wall = Instant::now();
         while let Some(t) = self.next_time() {
             if t > self.horizon {
@@ -323,6 +350,14 @@ impl Sim {
             if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
                 return Err(e);
             }
+        }
+        // A trace run with an infinite horizon ends with its last event:
+        // that is the horizon it reports over.
+        if self.horizon.is_infinite() {
+            let end = self.world.resource::<Clock>().now;
+            self.horizon = end;
+            self.world.resource_mut::<Gauges>().horizon = end;
+            self.world.resource_mut::<CurrentScenario>().0.horizon = end;
         }
         self.end_runs();
         self.world.resource_mut::<Gauges>().advance(self.horizon);

@@ -123,8 +123,10 @@ pub struct Flows {
     pub active: Vec<Entity>,
     /// Flows per link.
     pub per_link: Vec<u32>,
-    /// Transfers in progress per pod, for policies (`nic_flows`).
+    /// Transfers in progress per pod, and the KV tokens per second their
+    /// flows move through it, for policies (`nic_flows`, `nic_rate`).
     pub per_pod: Vec<u32>,
+    pub pod_rate: Vec<f64>,
     /// The set of flows changed this tick: rates must be recomputed.
     pub changed: bool,
     /// Bumped at each recomputation: older FlowDone events are stale.
@@ -164,6 +166,7 @@ impl Flows {
             active: Vec::new(),
             per_link: vec![0; n],
             per_pod: vec![0; pods],
+            pod_rate: vec![0.0; pods],
             changed: false,
             generation: 0,
             completed: 0,

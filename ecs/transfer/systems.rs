@@ -286,6 +286,7 @@ pub fn bandwidth_system(
     let flows = &mut *flows;
     flows.changed = false;
     flows.generation += 1;
+    flows.pod_rate.iter_mut().for_each(|r| *r = 0.0);
     if flows.active.is_empty() {
         return;
     }
@@ -310,6 +311,9 @@ pub fn bandwidth_system(
         let mut flow = flow_q.get_mut(f).expect("active flow");
         flow.rate = flows.scratch_rates[k];
         flow.finish_at = now + flow.remaining / flow.rate;
+        for p in flow.pods {
+            flows.pod_rate[p as usize] += flow.rate;
+        }
         earliest = earliest.min(flow.finish_at);
     }
     agenda.schedule(

@@ -20,6 +20,28 @@ fn sandbox(name: &str) -> PathBuf {
     dir
 }
 
+/// Replaces one of the sandbox's scripts by `text`, a script of the test's
+/// own: the scenario's parameters for it, which `text` does not declare,
+/// are dropped.
+fn replace_script(dir: &Path, file: &str, text: &str) {
+    std::fs::write(dir.join("scripts").join(file), text).unwrap();
+    let path = dir.join("s.ron");
+    let ron = std::fs::read_to_string(&path).unwrap();
+    let out: Vec<String> = ron
+        .lines()
+        .map(|l| {
+            if !l.contains(&format!("scripts/{file}")) {
+                return l.to_string();
+            }
+            match (l.find(", params: {"), l.find('}')) {
+                (Some(a), Some(b)) if b > a => format!("{}{}", &l[..a], &l[b + 1..]),
+                _ => l.to_string(),
+            }
+        })
+        .collect();
+    std::fs::write(&path, out.join("\n") + "\n").unwrap();
+}
+
 fn run(dir: &Path, sets: &[&str]) -> String {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     pdsim::run_scenario(&dir.join("s.ron"), &sets)
@@ -63,11 +85,11 @@ fn a_missing_script_names_the_script() {
 #[test]
 fn a_script_syntax_error_names_the_script_and_line() {
     let dir = sandbox("syntax");
-    std::fs::write(
-        dir.join("scripts/prefix-based-pd-decider.rhai"),
+    replace_script(
+        &dir,
+        "prefix-based-pd-decider.rhai",
         "// a decider\nfn decide(req, pod) {\n    req.prompt_tokens >=\n}\n",
-    )
-    .unwrap();
+    );
     let err = run(&dir, &[]);
     assert!(
         err.contains("prefix-based-pd-decider.rhai")
@@ -80,11 +102,11 @@ fn a_script_syntax_error_names_the_script_and_line() {
 #[test]
 fn an_undefined_variable_is_a_compile_error_with_its_line() {
     let dir = sandbox("strict");
-    std::fs::write(
-        dir.join("scripts/prefix-based-pd-decider.rhai"),
+    replace_script(
+        &dir,
+        "prefix-based-pd-decider.rhai",
         "fn decide(req, pod) {\n    req.prompt_tokens > treshold\n}\n",
-    )
-    .unwrap();
+    );
     let err = run(&dir, &[]);
     assert!(err.contains("line 2") && err.contains("treshold"), "{err}");
 }
@@ -92,11 +114,11 @@ fn an_undefined_variable_is_a_compile_error_with_its_line() {
 #[test]
 fn a_script_runtime_error_names_script_hook_line_and_request() {
     let dir = sandbox("runtime");
-    std::fs::write(
-        dir.join("scripts/active-request-scorer.rhai"),
+    replace_script(
+        &dir,
+        "active-request-scorer.rhai",
         "fn score(req, pod) {\n    let x = 1;\n    x / (pod.active - pod.active)\n}\n",
-    )
-    .unwrap();
+    );
     let err = run(&dir, &[]);
     assert!(
         err.contains("active-request-scorer.rhai")
@@ -110,11 +132,11 @@ fn a_script_runtime_error_names_script_hook_line_and_request() {
 #[test]
 fn a_script_that_loops_forever_is_stopped() {
     let dir = sandbox("loop");
-    std::fs::write(
-        dir.join("scripts/prefix-based-pd-decider.rhai"),
+    replace_script(
+        &dir,
+        "prefix-based-pd-decider.rhai",
         "fn decide(req, pod) {\n    loop { }\n}\n",
-    )
-    .unwrap();
+    );
     let err = run(&dir, &[]);
     assert!(
         err.contains("hook `decide`") && err.contains("operations"),
@@ -128,11 +150,11 @@ fn the_operation_limit_is_per_call_not_per_run() {
     // in total after two requests. The run must finish (each plugin keeps
     // its runtime between calls, and its count restarts with each call).
     let dir = sandbox("ops");
-    std::fs::write(
-        dir.join("scripts/prefix-based-pd-decider.rhai"),
+    replace_script(
+        &dir,
+        "prefix-based-pd-decider.rhai",
         "fn decide(req, pod) {\n    let x = 0;\n    for i in 0..200000 { x += 1; }\n    x > 0\n}\n",
-    )
-    .unwrap();
+    );
     let report = pdsim::run_scenario(&dir.join("s.ron"), &["horizon=20".to_string()])
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -146,7 +168,7 @@ fn the_operation_limit_is_per_call_not_per_run() {
 fn a_parameter_read_but_never_given_is_refused_at_load() {
     let dir = sandbox("param");
     let decider = "const DEFAULTS = #{ threshold: 512 };\n\nfn decide(req, pod) {\n    req.prompt_tokens >= params.treshold\n}\n";
-    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    replace_script(&dir, "prefix-based-pd-decider.rhai", decider);
     let err = run(&dir, &[]);
     assert!(
         err.contains("prefix-based-pd-decider.rhai, line 4")
@@ -156,7 +178,7 @@ fn a_parameter_read_but_never_given_is_refused_at_load() {
     );
     // `params?.x` is an optional read: `()` when the parameter is absent.
     let decider = "fn decide(req, pod) {\n    params?.long == ()\n}\n";
-    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    replace_script(&dir, "prefix-based-pd-decider.rhai", decider);
     let report = pdsim::run_scenario(&dir.join("s.ron"), &["horizon=20".to_string()])
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(report.routing_decisions > 0);
@@ -166,7 +188,7 @@ fn a_parameter_read_but_never_given_is_refused_at_load() {
 fn parameters_are_read_only() {
     let dir = sandbox("readonly");
     let decider = "fn decide(req, pod) {\n    params.non_cached_tokens = 0;\n    true\n}\n";
-    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    replace_script(&dir, "prefix-based-pd-decider.rhai", decider);
     let err = run(&dir, &[]);
     assert!(
         err.contains("prefix-based-pd-decider.rhai") && err.contains("line 2"),
@@ -179,7 +201,7 @@ fn parameters_are_read_only() {
 fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
     let dir = sandbox("types");
     let decider = "// answers a number\nfn decide(req, pod) {\n    42\n}\n";
-    std::fs::write(dir.join("scripts/prefix-based-pd-decider.rhai"), decider).unwrap();
+    replace_script(&dir, "prefix-based-pd-decider.rhai", decider);
     let err = run(&dir, &[]);
     assert!(
         err.contains("must return a bool") && err.contains("hook `decide`, line 2"),
@@ -191,7 +213,7 @@ fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
     );
     let dir = sandbox("pick");
     let picker = "fn pick(req, pods, scores) {\n    pods.len()\n}\n";
-    std::fs::write(dir.join("scripts/max-score-picker.rhai"), picker).unwrap();
+    replace_script(&dir, "max-score-picker.rhai", picker);
     let err = run(&dir, &[]);
     assert!(
         err.contains("max-score-picker.rhai, hook `pick`, line 1") && err.contains("index 1"),
@@ -203,7 +225,7 @@ fn a_wrong_return_type_and_an_out_of_range_pick_are_errors() {
 fn a_nan_score_is_an_error() {
     let dir = sandbox("nan");
     let scorer = "\n\nfn score(req, pod) {\n    0.0 / 0.0\n}\n";
-    std::fs::write(dir.join("scripts/token-load-scorer.rhai"), scorer).unwrap();
+    replace_script(&dir, "token-load-scorer.rhai", scorer);
     // Every request is remote (non_cached_tokens 1), so the prefill profile runs.
     let err = run(&dir, &[]);
     assert!(
@@ -223,7 +245,7 @@ fn argmax_refuses_what_is_not_a_number() {
     ] {
         let picker =
             format!("fn pick(req, pods, scores) {{\n    argmax({scores}, \"random\")\n}}\n");
-        std::fs::write(dir.join("scripts/max-score-picker.rhai"), picker).unwrap();
+        replace_script(&dir, "max-score-picker.rhai", &picker);
         let err = run(&dir, &[]);
         assert!(
             err.contains("hook `pick`, line 2") && err.contains("argmax") && err.contains(found),
@@ -236,11 +258,7 @@ fn argmax_refuses_what_is_not_a_number() {
 fn a_filter_that_keeps_nobody_is_an_error() {
     let dir = sandbox("empty");
     let filter = "fn filter(req, pods) {\n    []\n}\n";
-    std::fs::write(
-        dir.join("scripts/prefix-cache-affinity-filter.rhai"),
-        filter,
-    )
-    .unwrap();
+    replace_script(&dir, "prefix-cache-affinity-filter.rhai", filter);
     let err = run(&dir, &[]);
     assert!(
         err.contains("hook `filter`, line 1") && err.contains("kept no pod"),
@@ -251,11 +269,11 @@ fn a_filter_that_keeps_nobody_is_an_error() {
 #[test]
 fn a_missing_hook_is_refused_at_load() {
     let dir = sandbox("hook");
-    std::fs::write(
-        dir.join("scripts/token-load-scorer.rhai"),
+    replace_script(
+        &dir,
+        "token-load-scorer.rhai",
         "fn scor(req, pod) { 1.0 }\n",
-    )
-    .unwrap();
+    );
     let err = run(&dir, &[]);
     assert!(
         err.contains("token-load-scorer.rhai") && err.contains("fn score(req, pod)"),

@@ -77,6 +77,7 @@ fn req(prompt: i64) -> ReqView {
         prompt_tokens: prompt,
         new_tokens: prompt,
         block_size: 16,
+        ..Default::default()
     }
 }
 
@@ -119,6 +120,7 @@ fn deciders() {
                 cached_tokens: cached,
                 ..pod(0)
             },
+            None,
         )
         .unwrap()
     };
@@ -164,7 +166,7 @@ fn deciders() {
         ..pod(0)
     };
     assert!(
-        pol.decide(&req(2000), &p).unwrap(),
+        pol.decide(&req(2000), &p, None).unwrap(),
         "the router believes nothing is cached"
     );
 }
@@ -404,6 +406,8 @@ fn hot_swap_from_never_to_always_changes_the_remote_fraction_between_phases() {
             "horizon=300".to_string(),
             "warmup=0".to_string(),
             format!("router.decider.script={}", "scripts/never-disagg-pd-decider.rhai"),
+            // The reference decider's parameters do not belong to these.
+            "router.decider.params={}".to_string(),
             r#"phases=[{"at": 150.0, "set": {"router.decider.script": "scripts/always-disagg-pd-decider.rhai"}}]"#.to_string(),
         ],
     )
@@ -485,6 +489,7 @@ fn the_decider_from_the_docs_works() {
                 running,
                 ..pod(0)
             },
+            None,
         )
         .unwrap()
     };
@@ -500,6 +505,7 @@ fn the_decider_from_the_docs_works() {
             "horizon=200".to_string(),
             "warmup=20".to_string(),
             format!("router.decider.script={}", path.display()),
+            "router.decider.params={}".to_string(),
         ],
     )
     .unwrap();

@@ -121,3 +121,197 @@ pub(crate) fn check_params_use(ast: &AST, params: &Map, path: &str) -> Result<()
         }
     }
 }
+
+/// The parameter names a script reads (`params.x`, `params?.x`, `params["x"]`).
+fn params_read(ast: &AST) -> std::collections::BTreeSet<String> {
+    use rhai::{ASTNode, Expr};
+    let mut out = std::collections::BTreeSet::new();
+    ast.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Expr(Expr::Dot(x, ..) | Expr::Index(x, ..))) = nodes.last()
+            && matches!(&x.lhs, Expr::Variable(v, ..) if v.1 == "params")
+        {
+            let name = match &x.rhs {
+                Expr::Property(p, _) => Some(p.2.to_string()),
+                Expr::StringConstant(s, _) => Some(s.to_string()),
+                Expr::Dot(y, ..) | Expr::Index(y, ..) => match &y.lhs {
+                    Expr::Property(p, _) => Some(p.2.to_string()),
+                    Expr::StringConstant(s, _) => Some(s.to_string()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            out.extend(name);
+        }
+        true
+    });
+    out
+}
+
+/// What kind of value a parameter is, for comparing a scenario's value with
+/// the script's default (integers and floats are both numbers: `inf` may
+/// stand for "never").
+fn kind_of(v: &rhai::Dynamic) -> &'static str {
+    if v.is_int() || v.is_float() {
+        "a number"
+    } else if v.is_bool() {
+        "a boolean"
+    } else if v.is_string() {
+        "a string"
+    } else if v.is_array() {
+        "a list"
+    } else if v.is_map() {
+        "a map"
+    } else {
+        "a value"
+    }
+}
+
+/// Refuses a scenario parameter that the script neither declares in its
+/// `DEFAULTS` nor reads (a misspelling would otherwise be ignored and the
+/// default used), and a value of another kind than its default's.
+pub(crate) fn check_given_params(ast: &AST, defaults: &Map, given: &Map, path: &str) -> Result<()> {
+    let read = params_read(ast);
+    let known: Vec<String> = defaults
+        .keys()
+        .map(|k| k.to_string())
+        .chain(read.iter().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for (name, value) in given {
+        let name = name.as_str();
+        match defaults.get(name) {
+            Some(default) => {
+                let (want, got) = (kind_of(default), kind_of(value));
+                if want != got {
+                    return Err(Error::new(format!(
+                        "script {path}: parameter `{name}` is {got} ({value}), but its default is {want} ({default})"
+                    )));
+                }
+            }
+            None if read.contains(name) => {}
+            None => {
+                let hint = crate::error::suggest(name, known.iter().map(String::as_str))
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                return Err(Error::new(format!(
+                    "script {path}: parameter `{name}` is neither declared in its `DEFAULTS` nor read{hint}; its parameters are {}",
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What a hook's argument is, for checking the properties read of it.
+#[derive(Clone, Copy, PartialEq)]
+enum Arg {
+    Req,
+    Pod,
+    Pods,
+}
+
+/// Refuses a hook that reads a property the request or a pod does not
+/// have (`pod.runing`), in any branch, naming the nearest one. The hook's
+/// arguments are known by position (the request; a pod, or an array of
+/// pods); so are `for p in pods` loop variables and `pods[i]`.
+pub(crate) fn check_properties(
+    body: &AST,
+    hook: crate::router::policy::Hook,
+    args: &[rhai::ImmutableString],
+    path: &str,
+) -> Result<()> {
+    use crate::router::policy::Hook;
+    use crate::router::policy::views::{POD_PROPERTIES, REQ_PROPERTIES};
+    use rhai::{ASTNode, Expr, Stmt};
+    let mut kinds: Vec<(String, Arg)> = Vec::new();
+    for (i, name) in args.iter().enumerate() {
+        let kind = match (hook, i) {
+            (_, 0) => Arg::Req,
+            (Hook::Decide | Hook::Score, 1) => Arg::Pod,
+            (Hook::Decide, 2) | (Hook::Filter | Hook::ScoreAll | Hook::Pick, 1) => Arg::Pods,
+            _ => continue,
+        };
+        kinds.push((name.to_string(), kind));
+    }
+    // Loop variables over an array of pods are pods.
+    body.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Stmt(Stmt::For(x, _))) = nodes.last()
+            && let Expr::Variable(v, ..) = &x.2.expr
+            && kinds
+                .iter()
+                .any(|(n, k)| *k == Arg::Pods && n == v.1.as_str())
+        {
+            kinds.push((x.0.name.to_string(), Arg::Pod));
+        }
+        true
+    });
+    let kind_of = |e: &Expr| -> Option<Arg> {
+        match e {
+            Expr::Variable(v, ..) => kinds.iter().find(|(n, _)| n == v.1.as_str()).map(|k| k.1),
+            Expr::Index(x, ..) => match &x.lhs {
+                Expr::Variable(v, ..)
+                    if kinds
+                        .iter()
+                        .any(|(n, k)| *k == Arg::Pods && n == v.1.as_str()) =>
+                {
+                    Some(Arg::Pod)
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    let mut bad = None;
+    body.walk(&mut |nodes: &[ASTNode]| {
+        if let Some(ASTNode::Expr(Expr::Dot(x, _, pos))) = nodes.last()
+            && let Some(kind) = kind_of(&x.lhs)
+        {
+            let prop = match &x.rhs {
+                Expr::Property(p, _) => Some(p.2.clone()),
+                Expr::Dot(y, ..) | Expr::Index(y, ..) => match &y.lhs {
+                    Expr::Property(p, _) => Some(p.2.clone()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let known: &[&str] = match kind {
+                Arg::Req => &REQ_PROPERTIES,
+                Arg::Pod => &POD_PROPERTIES,
+                Arg::Pods => &[],
+            };
+            if let Some(prop) = prop
+                && kind != Arg::Pods
+                && !known.contains(&prop.as_str())
+            {
+                bad = Some((prop.to_string(), kind, pos.line()));
+                return false;
+            }
+        }
+        true
+    });
+    let Some((prop, kind, line)) = bad else {
+        return Ok(());
+    };
+    let (what, known): (&str, &[&str]) = match kind {
+        Arg::Req => ("a request", &REQ_PROPERTIES),
+        _ => ("a pod", &POD_PROPERTIES),
+    };
+    let hint = crate::error::suggest(&prop, known.iter().copied())
+        .map(|s| format!(" (did you mean `{s}`?)"))
+        .unwrap_or_default();
+    Err(Error::new(format!(
+        "script {path}{}: hook `{}` reads `.{prop}`, which {what} does not have{hint}; docs/policies.md lists the properties",
+        line.map(|l| format!(", line {l}")).unwrap_or_default(),
+        hook.name()
+    )))
+}

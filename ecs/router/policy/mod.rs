@@ -160,11 +160,23 @@ impl Policies {
         }
     }
 
-    /// The decider's verdict: prefill remotely?
-    pub fn decide(&mut self, req: &ReqView, pod: &PodView) -> Result<bool> {
+    /// The decider's verdict: prefill remotely? A decider of three
+    /// arguments also sees the candidate prefill pods.
+    pub fn decide(
+        &mut self,
+        req: &ReqView,
+        pod: &PodView,
+        prefill_pods: Option<&[PodView]>,
+    ) -> Result<bool> {
         let req_arg = self.req_arg(req);
         let d = &self.decider;
-        let out = d.call(&self.engine, (req_arg, pod.clone()), req)?;
+        let out = match prefill_pods {
+            Some(pods) if d.arity == 3 => {
+                let pods: Array = pods.iter().map(|p| Dynamic::from(p.clone())).collect();
+                d.call(&self.engine, (req_arg, pod.clone(), pods), req)?
+            }
+            _ => d.call(&self.engine, (req_arg, pod.clone()), req)?,
+        };
         out.as_bool().map_err(|t| {
             d.error(
                 &format!("`decide` must return a bool, it returned {t}"),
@@ -342,5 +354,54 @@ impl Policies {
             ));
         }
         Ok(candidates[idx as usize])
+    }
+
+    /// Calls every hook on a few made-up situations (a short and a long
+    /// prompt; idle and busy pods, with and without a cached prefix), so a
+    /// script's runtime mistakes — a wrong return type, an endless loop, an
+    /// error in a branch — show before a run (`pdsim check`). Plugins'
+    /// `state` is touched: rehearse on policies that will not run.
+    pub fn rehearse(&mut self) -> Result<()> {
+        let pod = |role: &str, index: i64, busy: i64, cached: i64| PodView {
+            role: role.into(),
+            index,
+            active: busy,
+            running: busy.min(8),
+            queued: (busy - 8).max(0),
+            prompt_backlog: busy * 500,
+            kv_capacity: 160_000,
+            kv_held: busy * 2_000,
+            cached_tokens: cached,
+            max_num_seqs: 64,
+            nic_flows: busy.min(2),
+            nic_capacity: 200_000.0,
+            nic_rate: busy.min(2) as f64 * 50_000.0,
+            router_requests: busy,
+            router_tokens: busy * 2_000,
+            router_cached_tokens: cached,
+            ..Default::default()
+        };
+        for (k, (prompt, cached, busy)) in
+            [(200, 0, 0), (6_000, 0, 12), (6_000, 4_000, 3), (40, 32, 70)]
+                .into_iter()
+                .enumerate()
+        {
+            let req = ReqView {
+                id: k as i64,
+                session: 1,
+                turn: k as i64,
+                prompt_tokens: prompt,
+                new_tokens: prompt - cached,
+                block_size: 16,
+                arrival_time: 10.0 * k as f64,
+                now: 10.0 * k as f64 + 0.5,
+            };
+            let decoders = [pod("decode", 0, busy, cached), pod("decode", 1, 0, 0)];
+            let prefillers = [pod("prefill", 0, busy / 2, cached), pod("prefill", 1, 1, 0)];
+            let j = self.choose(Role::Decode, &req, &decoders)?;
+            self.decide(&req, &decoders[j], Some(&prefillers))?;
+            self.choose(Role::Prefill, &req, &prefillers)?;
+        }
+        Ok(())
     }
 }

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::router::policy::ReqView;
-use crate::router::policy::checks::{check_params_use, describe, error_line, mentions_variable};
+use crate::router::policy::checks::{
+    check_given_params, check_params_use, check_properties, describe, error_line, mentions_variable,
+};
 use crate::scenario::ParamValue;
 
 /// Which hook a plugin provides.
@@ -37,7 +39,9 @@ impl Hook {
     }
     fn signature(self) -> &'static str {
         match self {
-            Hook::Decide => "fn decide(req, pod) -> bool",
+            Hook::Decide => {
+                "fn decide(req, pod) -> bool, or fn decide(req, pod, prefill_pods) -> bool"
+            }
             Hook::Filter => "fn filter(req, pods) -> array",
             Hook::Score | Hook::ScoreAll => {
                 "fn score(req, pod) -> float, or fn score_all(req, pods) -> array"
@@ -66,6 +70,8 @@ pub(crate) struct PluginEnv {
 pub struct Plugin {
     pub path: String,
     pub hook: Hook,
+    /// Its hook's parameters (a decider's 3 when it takes the prefill pods).
+    pub arity: usize,
     /// Line of the hook's definition (for errors found after it returned).
     hook_line: Option<usize>,
     runtime: RefCell<Runtime>,
@@ -183,8 +189,11 @@ impl Plugin {
         })?;
         // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
         // scenario's parameters override them.
-        let mut merged = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
-        merged.extend(map_of(params));
+        let defaults = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
+        let given = map_of(params);
+        check_given_params(&ast, &defaults, &given, path)?;
+        let mut merged = defaults;
+        merged.extend(given);
         check_params_use(&ast, &merged, path)?;
         // Second compile, for the hooks: `params` is now a constant, so the
         // optimizer folds `params.x` into each hook (and a branch on it, like
@@ -195,10 +204,18 @@ impl Plugin {
         scope.push("state", Map::new());
         let mut ast = compile(&scope)?;
         ast.clear_statements();
+        // A decider may take the candidate prefill pods as a third argument.
         let find = |h: Hook| {
-            ast.iter_fn_def()
-                .find(|f| f.name == h.name() && f.params.len() == h.arity())
-                .map(|f| (h, f))
+            let arities: &[usize] = if h == Hook::Decide {
+                &[3, 2]
+            } else {
+                &[h.arity()]
+            };
+            arities.iter().find_map(|&n| {
+                ast.iter_fn_def()
+                    .find(|f| f.name == h.name() && f.params.len() == n)
+                    .map(|f| (h, f))
+            })
         };
         let found = match kind {
             Hook::Score => find(Hook::Score).or_else(|| find(Hook::ScoreAll)),
@@ -265,8 +282,10 @@ impl Plugin {
             body,
             arg_names,
         };
+        check_properties(&runtime.body, hook, &runtime.arg_names, path)?;
         Ok(Plugin {
             path: path.to_string(),
+            arity: runtime.arg_names.len(),
             hook,
             hook_line: definition_line(&text, hook.name()),
             runtime: RefCell::new(runtime),

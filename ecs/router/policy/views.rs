@@ -12,7 +12,42 @@ pub struct ReqView {
     pub prompt_tokens: i64,
     pub new_tokens: i64,
     pub block_size: i64,
+    /// When it reached the gateway, and the simulated time now (seconds).
+    pub arrival_time: f64,
+    pub now: f64,
 }
+
+/// The properties a script may read of a request, and of a pod.
+pub const REQ_PROPERTIES: [&str; 8] = [
+    "id",
+    "session",
+    "turn",
+    "prompt_tokens",
+    "new_tokens",
+    "block_size",
+    "arrival_time",
+    "now",
+];
+pub const POD_PROPERTIES: [&str; 18] = [
+    "role",
+    "index",
+    "active",
+    "running",
+    "queued",
+    "parked",
+    "prompt_backlog",
+    "kv_capacity",
+    "kv_held",
+    "kv_free_cached",
+    "cached_tokens",
+    "max_num_seqs",
+    "nic_flows",
+    "nic_capacity",
+    "nic_rate",
+    "router_requests",
+    "router_tokens",
+    "router_cached_tokens",
+];
 
 /// What a script sees of one candidate instance.
 #[derive(Clone, Debug, Default)]
@@ -36,6 +71,10 @@ pub struct PodView {
     pub cached_tokens: i64,
     pub max_num_seqs: i64,
     pub nic_flows: i64,
+    /// KV tokens per second its NICs carry at most, and carry now (the
+    /// rates of the transfers in progress through them).
+    pub nic_capacity: f64,
+    pub nic_rate: f64,
     /// The router's own bookkeeping (llm-d): in-flight requests and tokens it
     /// sent there, and its approximate prefix index's estimate of the hit.
     pub router_requests: i64,
@@ -52,7 +91,9 @@ pub fn register(engine: &mut Engine) {
         .register_get("turn", |r: &mut ReqView| r.turn)
         .register_get("prompt_tokens", |r: &mut ReqView| r.prompt_tokens)
         .register_get("new_tokens", |r: &mut ReqView| r.new_tokens)
-        .register_get("block_size", |r: &mut ReqView| r.block_size);
+        .register_get("block_size", |r: &mut ReqView| r.block_size)
+        .register_get("arrival_time", |r: &mut ReqView| r.arrival_time)
+        .register_get("now", |r: &mut ReqView| r.now);
 
     engine
         .register_type_with_name::<PodView>("Pod")
@@ -69,6 +110,8 @@ pub fn register(engine: &mut Engine) {
         .register_get("cached_tokens", |p: &mut PodView| p.cached_tokens)
         .register_get("max_num_seqs", |p: &mut PodView| p.max_num_seqs)
         .register_get("nic_flows", |p: &mut PodView| p.nic_flows)
+        .register_get("nic_capacity", |p: &mut PodView| p.nic_capacity)
+        .register_get("nic_rate", |p: &mut PodView| p.nic_rate)
         .register_get("router_requests", |p: &mut PodView| p.router_requests)
         .register_get("router_tokens", |p: &mut PodView| p.router_tokens)
         .register_get("router_cached_tokens", |p: &mut PodView| {
