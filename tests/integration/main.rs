@@ -2,6 +2,7 @@
 
 mod common;
 mod errors;
+mod extending;
 mod golden;
 mod handoff;
 mod hardware;

@@ -515,3 +515,192 @@ fn the_decider_from_the_docs_works() {
         "only some prompts are long: {remote}"
     );
 }
+
+fn load_err(sets: &[&str]) -> String {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    scenario::load(Path::new("scenarios/llmd_nixl_pull.ron"), &sets)
+        .and_then(|sc| pdsim::Sim::new(&sc).map(|_| ()))
+        .expect_err("refused")
+        .to_string()
+}
+
+#[test]
+fn unknown_and_mistyped_parameters_are_refused_with_the_nearest_name() {
+    let err = load_err(&["router.decider.params.non_cached_tokenz=3"]);
+    assert!(
+        err.contains(
+            "parameter `non_cached_tokenz` is neither declared in its `DEFAULTS` nor read"
+        ) && err.contains("did you mean `non_cached_tokens`?"),
+        "{err}"
+    );
+    let err = load_err(&["router.decider.params.non_cached_tokens=abc"]);
+    assert!(
+        err.contains(
+            "parameter `non_cached_tokens` is a string (abc), but its default is a number (512)"
+        ),
+        "{err}"
+    );
+    // An integer where the default is a float (and `inf` where it is an
+    // integer) are both numbers: accepted.
+    scenario::load(
+        Path::new("scenarios/llmd_nixl_pull.ron"),
+        &["router.decider.params.non_cached_tokens=inf".to_string()],
+    )
+    .and_then(|sc| pdsim::Sim::new(&sc).map(|_| ()))
+    .unwrap();
+    // In a phase: refused before the run, naming the phase.
+    let err = load_err(&[
+        r#"phases=[{"at": 300.0, "set": {"router.decider.params.prompt_tokenz": "9"}}]"#,
+    ]);
+    assert!(
+        err.starts_with("phases.0 (at 300 s): script")
+            && err.contains("did you mean `prompt_tokens`?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_property_typo_is_refused_even_in_a_branch_no_request_takes() {
+    let dir = std::env::temp_dir().join(format!("pdsim-typo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("d.rhai");
+    // No request of the reference has a million-token prompt.
+    std::fs::write(
+        &script,
+        "fn decide(req, pod) {\n    if req.prompt_tokens > 1000000 {\n        pod.runing > 3\n    } else {\n        false\n    }\n}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
+        .args([
+            "check",
+            "scenarios/llmd_nixl_pull.ron",
+            "--set",
+            "router.decider.params={}",
+            "--set",
+        ])
+        .arg(format!("router.decider.script={}", script.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("line 3: hook `decide` reads `.runing`, which a pod does not have (did you mean `running`?)"),
+        "{err}"
+    );
+    // A runtime error in a branch taken by one of check's made-up
+    // situations (a busy decoder) is caught by `check`, before a run.
+    std::fs::write(
+        &script,
+        "fn decide(req, pod) {\n    if pod.active > 10 {\n        pod.active / 0 > 1\n    } else {\n        false\n    }\n}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
+        .args([
+            "check",
+            "scenarios/llmd_nixl_pull.ron",
+            "--set",
+            "router.decider.params={}",
+            "--set",
+        ])
+        .arg(format!("router.decider.script={}", script.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("hook `decide`, line 3") && err.contains("zero"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_decider_may_see_the_prefill_pods() {
+    // Remote only when some prefiller is idle.
+    let dir = std::env::temp_dir().join(format!("pdsim-sees-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("idle-prefiller-decider.rhai");
+    std::fs::write(
+        &path,
+        "fn decide(req, pod, prefill_pods) {\n    for p in prefill_pods {\n        if p.active == 0 { return true; }\n    }\n    false\n}\n",
+    )
+    .unwrap();
+    let decider = Plugin {
+        plugin: None,
+        script: path.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    };
+    let mut pol = policies(decider, vec![], vec![], first(), 1);
+    let prefill = |active: &[i64]| -> Vec<PodView> {
+        active
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| PodView {
+                role: "prefill".into(),
+                active: a,
+                ..pod(i as i64)
+            })
+            .collect()
+    };
+    assert!(
+        pol.decide(&req(3000), &pod(0), Some(&prefill(&[2, 0])))
+            .unwrap(),
+        "prefill-1 is idle"
+    );
+    assert!(
+        !pol.decide(&req(3000), &pod(0), Some(&prefill(&[2, 5])))
+            .unwrap(),
+        "none idle"
+    );
+    // In a run: every remote request found an idle prefiller when routed.
+    let report = pdsim::run_scenario(
+        Path::new("scenarios/llmd_nixl_pull.ron"),
+        &[
+            "horizon=300".to_string(),
+            "warmup=30".to_string(),
+            format!("router.decider.script={}", path.display()),
+            "router.decider.params={}".to_string(),
+        ],
+    )
+    .unwrap();
+    let remote = report.mean("remote").unwrap();
+    assert!(
+        remote > 0.5 && remote < 1.0,
+        "most, not all, find one: {remote}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn per_pod_routing_counts_add_up_in_the_json() {
+    let dir = std::env::temp_dir().join(format!("pdsim-pods-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("r.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
+        .args([
+            "run",
+            "scenarios/llmd_nixl_pull.ron",
+            "--horizon",
+            "300",
+            "--json",
+        ])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let pods = &r["pods"];
+    let n = |pod: &str, k: &str| pods[pod][k].as_u64().unwrap();
+    // Every routed request went to one decoder; its remote ones also to one
+    // prefiller.
+    let decoded = n("decode-0", "requests") + n("decode-1", "requests");
+    let remote = n("decode-0", "remote") + n("decode-1", "remote");
+    let prefilled = n("prefill-0", "requests") + n("prefill-1", "requests");
+    assert_eq!(remote, prefilled);
+    let c = &r["counters"];
+    let refused = c["requests_too_long"].as_u64().unwrap();
+    assert_eq!(decoded, c["requests_arrived"].as_u64().unwrap() - refused);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("routed (whole run)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

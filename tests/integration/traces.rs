@@ -266,3 +266,33 @@ fn sessions_with_a_shared_system_prompt_hit_it_across_sessions() {
         assert_eq!(r.prefix_hit, Some(16), "request {}", r.id);
     }
 }
+
+#[test]
+fn an_infinite_horizon_serves_the_whole_trace_and_only_a_trace() {
+    // The same five requests with horizon inf: the run ends when the last
+    // is served (the fifth, 12 prompt tokens at t = 4: prefilled in one
+    // step of max(10 ms, 12 ms), then 2 more tokens), and reports over
+    // [0, that end].
+    let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+               2023-11-16 18:15:46.0000000,10,3\n\
+               2023-11-16 18:15:47.0000000,20,3\n\
+               2023-11-16 18:15:48.0000000,30,3\n\
+               2023-11-16 18:15:49.0000000,64,3\n\
+               2023-11-16 18:15:50.0000000,12,3\n";
+    let (done, report) = run(&trace_file("azure-inf.csv", csv), "", &["horizon=inf"]);
+    assert_eq!(done.len(), 4, "every request but the refused one");
+    assert!(
+        report.horizon > 4.0 && report.horizon < 5.0,
+        "{}",
+        report.horizon
+    );
+    assert_eq!(counter(&report, "requests_in_flight"), 0);
+    // Without a trace, an infinite horizon would never end: refused.
+    let err = pdsim::scenario::load(
+        std::path::Path::new("tests/scenarios/tiny.ron"),
+        &["horizon=inf".to_string()],
+    )
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("inf only with a trace workload"), "{err}");
+}

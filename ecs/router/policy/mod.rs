@@ -398,8 +398,10 @@ impl Policies {
             };
             let decoders = [pod("decode", 0, busy, cached), pod("decode", 1, 0, 0)];
             let prefillers = [pod("prefill", 0, busy / 2, cached), pod("prefill", 1, 1, 0)];
-            let j = self.choose(Role::Decode, &req, &decoders)?;
-            self.decide(&req, &decoders[j], Some(&prefillers))?;
+            self.choose(Role::Decode, &req, &decoders)?;
+            for d in &decoders {
+                self.decide(&req, d, Some(&prefillers))?;
+            }
             self.choose(Role::Prefill, &req, &prefillers)?;
         }
         Ok(())

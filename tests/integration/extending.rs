@@ -1,0 +1,146 @@
+//! Extending pdsim from Rust: the two examples run under the ordinary
+//! command line and do what they say; custom metrics reach the report;
+//! a custom system the schedule cannot order is refused, not a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use pdsim::ecs::prelude::*;
+use pdsim::metrics::CustomMetrics;
+use pdsim::{Sim, SimSystems};
+
+/// An example's binary (`cargo test` builds the examples beside the tests).
+fn example(name: &str) -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_pdsim"));
+    bin.parent().unwrap().join("examples").join(name)
+}
+
+fn json_of(cmd: &mut Command, out: &Path) -> serde_json::Value {
+    let o = cmd
+        .arg("--json")
+        .arg(out)
+        .output()
+        .expect("the example runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdsim-ext-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_parked_peak_example_writes_its_metric_into_the_report() {
+    let dir = scratch("parked");
+    let report = json_of(
+        Command::new(example("parked_peak")).args([
+            "run",
+            "scenarios/llmd_nixl_pull.ron",
+            "--horizon",
+            "300",
+        ]),
+        &dir.join("r.json"),
+    );
+    let peak = report["custom"]["parked_peak_decode-0"]
+        .as_f64()
+        .expect("the metric is there");
+    assert!(peak >= 1.0, "a decoder parked at least one request: {peak}");
+    // And in a sweep's summary, as a column.
+    let out = dir.join("sweep");
+    let o = Command::new(example("parked_peak"))
+        .args([
+            "sweep",
+            "scenarios/llmd_nixl_pull.ron",
+            "--seeds",
+            "1..2",
+            "--horizon",
+            "200",
+            "--warmup",
+            "20",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("parked_peak_decode-1"));
+    let summary = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    assert!(summary.contains("custom.parked_peak_decode-0"), "{summary}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_slow_decoder_example_raises_the_latency_tail() {
+    let dir = scratch("slow");
+    let args = [
+        "run",
+        "scenarios/llmd_nixl_pull.ron",
+        "--horizon",
+        "1200",
+        "--warmup",
+        "100",
+    ];
+    let before = json_of(
+        Command::new(env!("CARGO_BIN_EXE_pdsim")).args(args),
+        &dir.join("a.json"),
+    );
+    let after = json_of(
+        Command::new(example("slow_decoder"))
+            .args(args)
+            .env("SLOW_FROM", "300")
+            .env("SLOW_FACTOR", "4")
+            .env("SLOW_POD", "0"),
+        &dir.join("b.json"),
+    );
+    let p99 = |r: &serde_json::Value| r["observations"]["e2e"]["p99"].as_f64().unwrap();
+    assert!(
+        p99(&after) > 1.5 * p99(&before),
+        "decoder 0 four times slower from 300 s: e2e p99 {} vs {}",
+        p99(&after),
+        p99(&before)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_custom_systems_observations_and_values_reach_the_report() {
+    fn count_ticks(mut c: ResMut<CustomMetrics>, clock: Res<pdsim::shared::Clock>) {
+        c.add("ticks_seen", 1.0);
+        c.observe("tick_time", clock.now);
+    }
+    let sc = pdsim::scenario::load(
+        Path::new("scenarios/llmd_nixl_pull.ron"),
+        &["horizon=100".into(), "warmup=10".into()],
+    )
+    .unwrap();
+    let mut sim = Sim::new(&sc).unwrap();
+    sim.add_systems(count_ticks.in_set(SimSystems::Observe));
+    let report = sim.run().unwrap();
+    assert_eq!(
+        report.custom["ticks_seen"], report.ticks as f64,
+        "once per tick"
+    );
+    assert_eq!(report.observations["tick_time"].count, report.ticks);
+    assert!(report.to_text().contains("ticks_seen"));
+}
+
+#[test]
+fn a_custom_system_the_schedule_cannot_order_is_refused() {
+    // Writes the engines, as the StepEnd and StepStart systems do, with no
+    // order against them.
+    fn meddle(_engines: Query<&mut pdsim::engine::Engine>) {}
+    let sc = pdsim::scenario::load(
+        Path::new("scenarios/llmd_nixl_pull.ron"),
+        &["horizon=10".into(), "warmup=1".into()],
+    )
+    .unwrap();
+    let mut sim = Sim::new(&sc).unwrap();
+    sim.add_systems(meddle);
+    let err = sim.run().expect_err("refused").to_string();
+    assert!(
+        err.contains("cannot be ordered") && err.contains("docs/extending.md"),
+        "{err}"
+    );
+}
