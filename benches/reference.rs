@@ -1,4 +1,4 @@
-//! Benchmark: the reference scenario (MODEL.md §10) over a long horizon.
+//! Benchmark: the reference scenario (docs/model.md §10) over a long horizon.
 //! Prints its setup and simulated seconds per wall second.
 //!
 //!     cargo bench --bench reference            # horizon 10 000 s, seed 1

@@ -2,9 +2,9 @@
 //! runs it on vLLM — the llm-d router in front of prefill and decode vLLM
 //! instances that hand the KV cache over with NIXL.
 //!
-//! The modules follow `MODEL.md` (docs/architecture.md walks through them):
+//! The modules follow `docs/model.md` (docs/architecture.md walks through them):
 //!
-//! | MODEL.md | module |
+//! | docs/model.md | module |
 //! |---|---|
 //! | §2 time, ticks, system order | [`sim`] (the ordering contract, the schedule), [`shared`] (clock, agenda, the tick's queues) |
 //! | §3 workload | [`workload`] |

@@ -57,7 +57,7 @@ pub struct Latency {
     pub problem: Option<String>,
 }
 
-/// Runs the batch through one engine of `pool` (MODEL.md semantics, no
+/// Runs the batch through one engine of `pool` (docs/model.md semantics, no
 /// prefix sharing: every prompt is distinct, as vLLM's dummy prompts are).
 pub fn run(pool: &Pool, plan: &PoolPlan, args: LatencyArgs) -> Latency {
     let mut world = World::new();

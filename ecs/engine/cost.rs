@@ -53,7 +53,7 @@ impl StepTime {
     }
 }
 
-/// `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5): a step of
+/// `c0 + max(omega + beta × kv, tokens × a)` seconds (docs/model.md §5): a step of
 /// `tokens` scheduled tokens whose requests hold `kv_tokens` of KV.
 #[inline]
 pub fn linear(c: &LinearCost, tokens: u64, kv_tokens: u64) -> f64 {

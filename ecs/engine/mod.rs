@@ -1,4 +1,4 @@
-//! One vLLM instance's scheduler, one step at a time (MODEL.md §5–§7).
+//! One vLLM instance's scheduler, one step at a time (docs/model.md §5–§7).
 //!
 //! Forming a step (the engine is idle and has work), budget
 //! `B = max_num_batched_tokens`:
@@ -16,7 +16,7 @@
 //! that reached `max_tokens`.
 //!
 //! **vLLM 0.33 semantics** ([`EngineSemantics::Vllm033`], docs/fidelity.md).
-//! Where vLLM 0.33's scheduler differs from MODEL.md on purpose, this option
+//! Where vLLM 0.33's scheduler differs from docs/model.md on purpose, this option
 //! follows vLLM (the KV pool's differences are in [`kv`]):
 //! * a parked request whose read is done is promoted only when the waiting
 //!   loop reaches it, in parking order (`Scheduler._handle_blocked_waiting_request`),
@@ -146,7 +146,7 @@ pub struct Engine {
     pub generation: u64,
     /// Whether runs of identical decode steps may be booked as one.
     pub repeat_steps: bool,
-    /// MODEL.md's scheduler, or vLLM 0.33's where they differ.
+    /// docs/model.md's scheduler, or vLLM 0.33's where they differ.
     pub semantics: EngineSemantics,
     /// vLLM 0.33: reads done (decoder) and leases ended (prefiller) that the
     /// scheduler has not been told of yet (see the module docs).
@@ -230,7 +230,7 @@ impl Engine {
         self.busy_until.is_none()
     }
 
-    /// Requests it holds or queues (MODEL.md §4's active requests).
+    /// Requests it holds or queues (docs/model.md §4's active requests).
     pub fn active(&self) -> u32 {
         // With vLLM's semantics parked requests wait in `ready` (and count
         // in `parked`) until promoted.

@@ -7,7 +7,7 @@ use crate::engine::kv::{BlockId, BlockPath};
 /// Which leg of the request the serving engine is running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Leg {
-    /// On a prefiller: the prompt with `max_tokens = 1` (MODEL.md §6).
+    /// On a prefiller: the prompt with `max_tokens = 1` (docs/model.md §6).
     Prefill,
     /// On a decoder: local prefill + decode, or decode after a remote prefill.
     Decode,
@@ -47,7 +47,7 @@ pub enum KvSource {
     RemoteArrived,
 }
 
-/// What follows a request once it finished (MODEL.md §3; closed-loop traces).
+/// What follows a request once it finished (docs/model.md §3; closed-loop traces).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum NextTurn {
     /// The synthetic session draws its next turn `after` seconds (its tool call).

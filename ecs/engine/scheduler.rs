@@ -1,4 +1,4 @@
-//! Forming a step and applying it at its end (MODEL.md §5–§7; the
+//! Forming a step and applying it at its end (docs/model.md §5–§7; the
 //! overview is in [`crate::engine`]).
 
 use bevy_ecs::prelude::*;

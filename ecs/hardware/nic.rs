@@ -1,7 +1,7 @@
 //! NICs: rates in KV tokens per second, and how one read spreads over the
 //! ranks of a prefiller and a decoder with different tensor parallelism.
 //!
-//! Each rank caches its share of the KV heads (MODEL.md §8 runs over these
+//! Each rank caches its share of the KV heads (docs/model.md §8 runs over these
 //! links): decoder rank `j` of `d` needs the heads in `[j/d, (j+1)/d)`,
 //! prefiller rank `i` of `p` holds `[i/p, (i+1)/p)`, so every overlapping
 //! pair of ranks moves its overlap, between the NICs the two ranks use.

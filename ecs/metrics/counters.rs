@@ -12,7 +12,7 @@ use bevy_ecs::prelude::*;
 pub struct Counters {
     /// Turns that reached the gateway (too-long ones included).
     pub requests_arrived: u64,
-    /// Turns refused: prompt ≥ `max_model_len` (MODEL.md §3).
+    /// Turns refused: prompt ≥ `max_model_len` (docs/model.md §3).
     pub requests_too_long: u64,
     pub requests_finished: u64,
     /// Prompt tokens of the requests that went on to be served.

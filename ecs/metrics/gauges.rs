@@ -1,4 +1,4 @@
-//! Gauges (MODEL.md §9): time averages over [warm-up, horizon] of the
+//! Gauges (docs/model.md §9): time averages over [warm-up, horizon] of the
 //! engines' state, sampled at every instant by the `Observe` system.
 
 use bevy_ecs::prelude::*;
@@ -31,7 +31,7 @@ pub fn describe(name: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// Gauge names, as in MODEL.md §9.
+/// Gauge names, as in docs/model.md §9.
 pub const GAUGES: [&str; 6] = [
     "running_spread",
     "load_spread",
@@ -89,7 +89,7 @@ impl Gauges {
     }
 }
 
-/// System: integrate the gauges of MODEL.md §9.
+/// System: integrate the gauges of docs/model.md §9.
 pub fn observe_system(
     clock: Res<Clock>,
     index: Res<EngineIndex>,

@@ -1,4 +1,4 @@
-//! What a run reports (MODEL.md §9): per-request observations, time-averaged
+//! What a run reports (docs/model.md §9): per-request observations, time-averaged
 //! gauges, the report (text and JSON) and figures.
 //!
 //! | file | what |

@@ -1,4 +1,4 @@
-//! Per-request observations (MODEL.md §9, named as vLLM's metrics are):
+//! Per-request observations (docs/model.md §9, named as vLLM's metrics are):
 //! what each finished request (and each turn) contributes, recorded per
 //! hot-swap phase in streaming histograms, and their summaries; throughput
 //! and goodput over [warm-up, horizon].

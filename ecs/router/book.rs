@@ -1,4 +1,4 @@
-//! The router's own bookkeeping, as llm-d keeps it (REFERENCES.md): what it
+//! The router's own bookkeeping, as llm-d keeps it (its EPP's datastore and plugins): what it
 //! sent where, counted from its own decisions, and an approximate prefix
 //! index that can be stale where a pod evicted.
 //!

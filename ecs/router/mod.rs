@@ -1,4 +1,4 @@
-//! The gateway (MODEL.md §4): the llm-d router (decode profile → decider →
+//! The gateway (docs/model.md §4): the llm-d router (decode profile → decider →
 //! prefill profile, all rhai scripts) and the routing sidecar's serial
 //! dispatch (prefill leg, wait for its answer, decode leg `from P[i]`).
 //!

@@ -38,7 +38,7 @@ pub struct RawScenario {
     /// observations per phase.
     #[serde(default)]
     pub phases: Vec<Phase>,
-    /// Whose scheduler semantics the engines follow: MODEL.md's (the
+    /// Whose scheduler semantics the engines follow: docs/model.md's (the
     /// reference) or vLLM 0.33's where they differ on purpose
     /// (docs/fidelity.md).
     #[serde(default)]
@@ -71,10 +71,10 @@ pub struct Slo {
 /// The engines' scheduler semantics (docs/fidelity.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EngineSemantics {
-    /// MODEL.md as written.
+    /// docs/model.md as written.
     #[default]
     Reference,
-    /// vLLM 0.33.0's scheduler where it differs from MODEL.md: the null
+    /// vLLM 0.33.0's scheduler where it differs from docs/model.md: the null
     /// block, unhashed blocks freed to the front of the free queue, duplicate
     /// cached blocks, promotion of read requests in parking order when the
     /// waiting loop reaches them, and news of finished transfers only with
@@ -128,7 +128,7 @@ fn default_warmup() -> f64 {
     200.0
 }
 
-/// The workload: synthetic multi-turn sessions (MODEL.md §3; every field
+/// The workload: synthetic multi-turn sessions (docs/model.md §3; every field
 /// defaults to its reference value), or a trace to replay (`trace`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -299,7 +299,7 @@ fn default_tp() -> u32 {
 /// `Roofline` (needs the pool's model and GPU) or `Table` (measured).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CostKind {
-    /// `c0 + max(omega + beta × kv, tokens × a)` seconds (MODEL.md §5).
+    /// `c0 + max(omega + beta × kv, tokens × a)` seconds (docs/model.md §5).
     #[default]
     Linear,
     /// Per layer group, the longer of FLOPs ÷ (peak × mfu) and bytes ÷
@@ -362,7 +362,7 @@ pub struct Nic {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TransferMode {
     /// The decoder READs the prefiller's blocks; the prefiller holds them
-    /// leased until the read completes (MODEL.md §6–§8).
+    /// leased until the read completes (docs/model.md §6–§8).
     NixlPull,
     /// vLLM's `NixlPushConnector`: the decoder, at admission, registers the
     /// blocks it allocated with the prefiller (one notification); the
@@ -371,7 +371,7 @@ pub enum TransferMode {
     /// decoder's request.
     NixlPush,
     /// The prefiller copies its KV out, releases it, and only then does the
-    /// request queue for the decoder (MODEL.md §11).
+    /// request queue for the decoder (docs/model.md §11).
     StoreAndForward,
 }
 
@@ -443,7 +443,7 @@ fn default_sharing() -> SharingModel {
     SharingModel::MaxMin
 }
 
-/// How concurrent flows divide the NICs (MODEL.md §8; computed in
+/// How concurrent flows divide the NICs (docs/model.md §8; computed in
 /// [`crate::transfer::sharing`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SharingModel {

@@ -1,9 +1,9 @@
 //! The workload section resolved: synthetic session parameters with the
-//! reference defaults (MODEL.md §3) applied, and the checks of the section.
+//! reference defaults (docs/model.md §3) applied, and the checks of the section.
 
 use crate::scenario::{SystemPrompts, Workload};
 
-/// The synthetic sessions' parameters (MODEL.md §3), every default applied.
+/// The synthetic sessions' parameters (docs/model.md §3), every default applied.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sessions {
     /// Λ: sessions per second (Poisson).

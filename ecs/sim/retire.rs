@@ -1,5 +1,5 @@
 //! What happens to a request that produced its last token: it is observed
-//! (MODEL.md §9), the router's bookkeeping releases it (llm-d counts a decode
+//! (docs/model.md §9), the router's bookkeeping releases it (llm-d counts a decode
 //! endpoint's request until the end of its stream), its session books its
 //! next turn after the tool call, and it leaves the world. It runs right
 //! after the steps end, in the `StepEnd` set, in the order they finished.

@@ -1,4 +1,4 @@
-//! KV transfers (MODEL.md §6–§8): the prefiller's leases, NIXL reads as
+//! KV transfers (docs/model.md §6–§8): the prefiller's leases, NIXL reads as
 //! flows over two NICs, and the bandwidth allocation among flows.
 //!
 //! | file | what |

@@ -1,4 +1,4 @@
-//! Bandwidth sharing between NIXL flows (MODEL.md §8).
+//! Bandwidth sharing between NIXL flows (docs/model.md §8).
 //!
 //! A flow (one KV read) crosses two links at once: the source prefiller's NIC
 //! and the reading decoder's NIC. Whenever the set of flows changes, the

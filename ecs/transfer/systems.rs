@@ -251,7 +251,7 @@ fn complete(
 }
 
 /// System: for every request parked in this tick the decoder's worker posts
-/// a READ, whose flow starts after the fixed latency `x0` (MODEL.md §7.2);
+/// a READ, whose flow starts after the fixed latency `x0` (docs/model.md §7.2);
 /// or, in push mode, registers its blocks with the prefiller, which learns
 /// of them a notification later.
 pub fn post_reads_system(

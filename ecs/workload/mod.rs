@@ -1,4 +1,4 @@
-//! The workload (MODEL.md §3): multi-turn sessions arriving as a Poisson
+//! The workload (docs/model.md §3): multi-turn sessions arriving as a Poisson
 //! process, or an explicit trace of requests.
 //!
 //! | file | what |
@@ -124,7 +124,7 @@ struct Issue<'a, 'w, 's> {
 
 impl Issue<'_, '_, '_> {
     /// A turn with this prompt arrives: counted, and refused when the
-    /// prompt reaches `max_model_len` (vLLM refuses it: MODEL.md §3).
+    /// prompt reaches `max_model_len` (vLLM refuses it: docs/model.md §3).
     /// Returns whether it goes on to the gateway.
     fn arrives(&mut self, prompt: u64, session: u64, turn: u32, state: &WorkloadState) -> bool {
         let too_long = prompt >= state.max_model_len as u64;

@@ -1,4 +1,4 @@
-//! Synthetic sessions (MODEL.md §3): each session draws its turns from its
+//! Synthetic sessions (docs/model.md §3): each session draws its turns from its
 //! own random stream, derived from the run seed and its id.
 
 use bevy_ecs::prelude::*;

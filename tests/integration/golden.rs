@@ -64,7 +64,7 @@ fn every_golden_trace_replays_as_vllm_scheduled_it() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The option matters: with MODEL.md's semantics the traces that exercise
+/// The option matters: with docs/model.md's semantics the traces that exercise
 /// vLLM's differences (the null block, the partial block freed to the front,
 /// lazy promotion) do not replay identically, the others do.
 #[test]

@@ -1,4 +1,4 @@
-//! One test (or more) per mechanism of MODEL.md §5–§8 and §11, with the
+//! One test (or more) per mechanism of docs/model.md §5–§8 and §11, with the
 //! expected numbers derived by hand in the comments.
 //!
 //! The tiny deployment: blocks of 4 tokens; a step costs
@@ -11,7 +11,7 @@ fn sched(steps: &[&pdsim::engine::record::StepRecord]) -> Vec<Vec<(u64, u32)>> {
     steps.iter().map(|s| s.scheduled.clone()).collect()
 }
 
-/// MODEL.md §6–§8: the prefiller's blocks stay leased from the end of the
+/// docs/model.md §6–§8: the prefiller's blocks stay leased from the end of the
 /// prefill until the decoder's read completes, and are freed that instant.
 #[test]
 fn the_lease_is_held_after_the_prefill_and_freed_when_the_read_completes() {
@@ -52,7 +52,7 @@ fn the_lease_is_held_after_the_prefill_and_freed_when_the_read_completes() {
     assert_eq!(sched(&out.steps_of(Role::Decode)), vec![vec![(0, 1)]; 3]);
 }
 
-/// MODEL.md §4/§5: a prefix hit covers whole blocks only and never the last
+/// docs/model.md §4/§5: a prefix hit covers whole blocks only and never the last
 /// token of the prompt.
 #[test]
 fn a_prefix_hit_never_covers_the_last_token_or_a_partial_block() {
@@ -84,7 +84,7 @@ fn a_prefix_hit_never_covers_the_last_token_or_a_partial_block() {
     assert_eq!(out.steps_of(Role::Decode)[1].scheduled, vec![(1, 4)]);
 }
 
-/// MODEL.md §5: a prompt longer than the budget is prefilled in chunks; its
+/// docs/model.md §5: a prompt longer than the budget is prefilled in chunks; its
 /// KV grows chunk by chunk; the first token comes with the last chunk.
 #[test]
 fn a_long_prompt_is_prefilled_in_several_chunks() {
@@ -106,7 +106,7 @@ fn a_long_prompt_is_prefilled_in_several_chunks() {
     assert_close(out.req(0).finished_at.unwrap(), 0.052, "finish");
 }
 
-/// MODEL.md §5: admissions are head-of-line: a request that does not fit
+/// docs/model.md §5: admissions are head-of-line: a request that does not fit
 /// stops every request behind it, even one that would fit.
 #[test]
 fn head_of_line_blocking_stops_admissions_behind_a_request_that_does_not_fit() {
@@ -142,7 +142,7 @@ fn head_of_line_blocking_stops_admissions_behind_a_request_that_does_not_fit() {
     assert_eq!(steps[1].kv_blocks_held, 11);
 }
 
-/// MODEL.md §5: LIFO preemption; the victim frees its blocks (still cached),
+/// docs/model.md §5: LIFO preemption; the victim frees its blocks (still cached),
 /// goes back to the front of the queue, recomputes on resume and emits no
 /// second first token.
 #[test]
@@ -191,7 +191,7 @@ fn preemption_is_lifo_and_resumption_recomputes_without_a_second_first_token() {
     assert_eq!(out.report.observations["ttft"].count, 2);
 }
 
-/// MODEL.md §7: a parked request holds KV and no slot; when its KV arrives
+/// docs/model.md §7: a parked request holds KV and no slot; when its KV arrives
 /// it is promoted ahead of requests that arrived before it.
 #[test]
 fn a_parked_request_holds_kv_and_no_slot_and_is_promoted_ahead_of_new_arrivals() {
@@ -228,7 +228,7 @@ fn a_parked_request_holds_kv_and_no_slot_and_is_promoted_ahead_of_new_arrivals()
     assert_close(out.req(2).finished_at.unwrap(), 0.14, "r2 finish");
 }
 
-/// MODEL.md §8: two reads from one prefiller share its NIC max-min fairly;
+/// docs/model.md §8: two reads from one prefiller share its NIC max-min fairly;
 /// rates are recomputed when one ends.
 #[test]
 fn concurrent_reads_share_the_prefillers_nic() {
@@ -267,7 +267,7 @@ fn concurrent_reads_share_the_prefillers_nic() {
     );
 }
 
-/// MODEL.md §11: six requests at once; the decoder has room for one prompt,
+/// docs/model.md §11: six requests at once; the decoder has room for one prompt,
 /// the prefiller for two. With NIXL the decoder's shortage is held on the
 /// prefiller (leases); with store-and-forward the prefiller never waits.
 #[test]

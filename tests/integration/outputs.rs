@@ -270,7 +270,7 @@ fn prometheus_histograms_are_cumulative_and_count_the_requests() {
 }
 
 /// `--timeline`: valid trace-event JSON with the slices one remote request
-/// makes (MODEL.md's lifecycle: mechanisms.rs derives the times).
+/// makes (docs/model.md's lifecycle: mechanisms.rs derives the times).
 #[test]
 fn the_timeline_holds_the_steps_flows_and_request_phases() {
     // r0: prompt 40, output 3, remote. Prefiller: one step of 40 tokens,

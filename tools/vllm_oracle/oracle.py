@@ -8,7 +8,7 @@ Differential fuzzing against `pdsim replay` is fuzz.py, which imports this.
 The scheduler, KV cache manager, block pool and (in P/D mode) the NIXL
 connector's scheduler side are vLLM's own objects; only the model runner and
 the connector's worker side are faked here, and simulated time follows
-MODEL.md (docs/oracle.md lists every alignment decision).
+docs/model.md (docs/oracle.md lists every alignment decision).
 """
 
 import argparse

@@ -1,4 +1,4 @@
-//! Block identity by content (MODEL.md §5; vLLM's chained `BlockHash`).
+//! Block identity by content (docs/model.md §5; vLLM's chained `BlockHash`).
 //!
 //! A block's identity is the chain of every token up to its end: two
 //! requests share block `k` exactly when their first `(k + 1) × block_size`

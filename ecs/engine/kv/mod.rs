@@ -1,5 +1,5 @@
 //! The KV pool of one instance: blocks, reference counts, the prefix cache and
-//! its LRU free queue (MODEL.md §5, vLLM's `BlockPool`).
+//! its LRU free queue (docs/model.md §5, vLLM's `BlockPool`).
 //!
 //! * A block is *held* while its reference count is above zero, *free cached*
 //!   when it is free but still registered under a content identity, else free.
@@ -10,7 +10,7 @@
 //! * A hit on a free cached block takes it out of the queue.
 //!
 //! With [`EngineSemantics::Vllm033`] the pool follows vLLM 0.33's `BlockPool`
-//! (v1/core/block_pool.py) where it differs from MODEL.md: block 0 is the
+//! (v1/core/block_pool.py) where it differs from docs/model.md: block 0 is the
 //! null block (one block fewer is usable), blocks without an identity (a
 //! request's partial last block) are freed to the *front* of the queue, and
 //! several blocks may hold one identity (a lookup finds the oldest).

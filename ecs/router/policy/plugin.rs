@@ -190,6 +190,9 @@ impl Plugin {
         // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
         // scenario's parameters override them.
         let defaults = scope.get_value::<Map>("DEFAULTS").unwrap_or_default();
+        // What the top level put in `state` is the plugin's initial state
+        // (`state.n = 0;` there, and hooks read `state.n` directly).
+        let initial_state = scope.get_value::<Map>("state").unwrap_or_default();
         let given = map_of(params);
         check_given_params(&ast, &defaults, &given, path)?;
         let mut merged = defaults;
@@ -265,7 +268,7 @@ impl Plugin {
         global.source = ast.source().map(Into::into);
         global.tag = Dynamic::from(PluginEnv {
             params: Dynamic::from_map(merged).into_shared(),
-            state: Dynamic::from_map(Map::new()).into_shared(),
+            state: Dynamic::from_map(initial_state).into_shared(),
         });
         let mut caches = rhai::Caches::new();
         // A resolution layer that outlives each call, so what a call
