@@ -463,9 +463,9 @@ fn named_plugins_are_expanded_with_their_parameters() {
 fn the_decider_from_the_docs_works() {
     let doc = std::fs::read_to_string("docs/policies.md").unwrap();
     let start = doc
-        .find("```rhai\n")
-        .expect("a rhai block in docs/policies.md")
-        + "```rhai\n".len();
+        .find("\n```rhai\n")
+        .expect("a rhai block at the start of a line in docs/policies.md")
+        + "\n```rhai\n".len();
     let script = &doc[start..start + doc[start..].find("```").unwrap()];
     assert!(script.lines().count() <= 14, "about ten lines");
     let dir = std::env::temp_dir().join(format!("pdsim-doc-{}", std::process::id()));
@@ -702,5 +702,28 @@ fn per_pod_routing_counts_add_up_in_the_json() {
     let refused = c["requests_too_long"].as_u64().unwrap();
     assert_eq!(decoded, c["requests_arrived"].as_u64().unwrap() - refused);
     assert!(String::from_utf8_lossy(&out.stdout).contains("routed (whole run)"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_plugins_state_starts_as_its_top_level_leaves_it() {
+    let dir = std::env::temp_dir().join(format!("pdsim-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rr.rhai");
+    std::fs::write(
+        &path,
+        "state.n = 5;\n\nfn pick(req, pods, scores) {\n    state.n += 1;\n    state.n % pods.len()\n}\n",
+    )
+    .unwrap();
+    let picker = Plugin {
+        plugin: None,
+        script: path.to_string_lossy().into_owned(),
+        params: BTreeMap::new(),
+    };
+    let mut pol = policies(plugin("always-disagg-pd-decider", BTreeMap::new()), vec![], vec![], picker, 1);
+    let pods: Vec<PodView> = (0..3).map(pod).collect();
+    // 6 % 3, 7 % 3, 8 % 3: the counter starts at the top level's 5.
+    let picks: Vec<usize> = (0..3).map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap()).collect();
+    assert_eq!(picks, vec![0, 1, 2]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
