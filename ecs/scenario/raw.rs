@@ -486,6 +486,42 @@ pub struct Router {
     /// (its readiness probe), routing to it meanwhile.
     #[serde(default = "default_detection_delay")]
     pub detection_delay: f64,
+    /// What one hook call of a script may use before it is stopped with
+    /// an error (docs/policies.md#limits).
+    #[serde(default)]
+    pub script_limits: ScriptLimits,
+}
+
+/// Bounds on one hook call of a routing script: a runaway loop or a value
+/// that doubles every iteration stops with the script's error instead of
+/// exhausting the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScriptLimits {
+    /// Operations (rhai's count: roughly one per expression evaluated).
+    pub operations: u64,
+    /// Bytes of any string, and of all strings within one array or map.
+    pub string_bytes: usize,
+    /// Items of any array or blob, nested arrays counted in.
+    pub array_items: usize,
+    /// Entries of any map (`state` included), nested maps counted in.
+    pub map_entries: usize,
+}
+
+impl Default for ScriptLimits {
+    /// Far above what a policy needs (the catalogue's largest call takes a
+    /// few hundred operations and a handful of values), far below what
+    /// exhausts a machine: about 2 MB per value. rhai checks a value's size
+    /// each time it changes, walking it, so a value kept near its limit
+    /// costs time in every call that changes it; these keep that small.
+    fn default() -> ScriptLimits {
+        ScriptLimits {
+            operations: 1_000_000,
+            string_bytes: 1 << 20,
+            array_items: 1 << 16,
+            map_entries: 1 << 14,
+        }
+    }
 }
 
 impl Router {
@@ -501,6 +537,7 @@ impl Router {
             prefill_max_retries: 0,
             prefill_retry_backoff: default_prefill_retry_backoff(),
             detection_delay: default_detection_delay(),
+            script_limits: ScriptLimits::default(),
         }
     }
 }

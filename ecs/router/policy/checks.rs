@@ -2,10 +2,9 @@
 //! `params`, whether it keeps `state`), and how rhai's errors are turned into
 //! the script's error (its line, in nested calls too).
 
-use rhai::{AST, EvalAltResult, Map};
+use rhai::{AST, Engine, EvalAltResult, Map};
 
 use crate::error::{Error, Result};
-use crate::router::policy::MAX_OPERATIONS;
 
 /// The line an error happened at, looking inside nested function calls.
 pub(crate) fn error_line(err: &EvalAltResult) -> Option<usize> {
@@ -15,12 +14,29 @@ pub(crate) fn error_line(err: &EvalAltResult) -> Option<usize> {
     }
 }
 
-pub(crate) fn describe(err: &EvalAltResult) -> String {
+/// A rhai error as a sentence; a limit names the setting that raises it.
+pub(crate) fn describe(err: &EvalAltResult, engine: &Engine) -> String {
     match err {
-        EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => describe(inner),
-        EvalAltResult::ErrorTooManyOperations(_) => {
+        EvalAltResult::ErrorInFunctionCall(_, _, inner, _) => describe(inner, engine),
+        EvalAltResult::ErrorTooManyOperations(_) => format!(
+            "the script ran more than {} operations (an endless loop?) and was stopped \
+             (router.script_limits.operations)",
+            engine.max_operations()
+        ),
+        EvalAltResult::ErrorStackOverflow(_) => format!(
+            "functions called more than {} deep (an endless recursion?); the script was stopped",
+            engine.max_call_levels()
+        ),
+        EvalAltResult::ErrorDataTooLarge(what, _) => {
+            let (setting, limit) = if what.starts_with("Length of string") {
+                ("string_bytes", engine.max_string_size())
+            } else if what.starts_with("Size of array") {
+                ("array_items", engine.max_array_size())
+            } else {
+                ("map_entries", engine.max_map_size())
+            };
             format!(
-                "the script ran more than {MAX_OPERATIONS} operations (an endless loop?) and was stopped"
+                "{what} went over the limit of {limit} (router.script_limits.{setting}); the script was stopped"
             )
         }
         other => {
@@ -32,23 +48,6 @@ pub(crate) fn describe(err: &EvalAltResult) -> String {
             }
         }
     }
-}
-
-/// Whether any expression of `ast` (hooks, helpers, top level) names the
-/// variable `name`.
-pub(crate) fn mentions_variable(ast: &AST, name: &str) -> bool {
-    use rhai::{ASTNode, Expr};
-    let mut found = false;
-    ast.walk(&mut |nodes: &[ASTNode]| {
-        if let Some(ASTNode::Expr(Expr::Variable(v, ..))) = nodes.last()
-            && v.1 == name
-        {
-            found = true;
-            return false;
-        }
-        true
-    });
-    found
 }
 
 /// Refuses a script that reads a parameter which neither its `DEFAULTS` nor

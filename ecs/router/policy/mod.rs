@@ -38,7 +38,6 @@ pub mod sandbox;
 pub mod views;
 
 pub use plugin::{Hook, Plugin};
-pub use sandbox::MAX_OPERATIONS;
 pub use views::{PodView, ReqView};
 
 use plugin::refill;
@@ -61,13 +60,12 @@ pub struct Policies {
     scores: Vec<f64>,
     candidates: Vec<usize>,
     kept: Vec<usize>,
+    /// The request's and the pods' script values, refilled in place for
+    /// the next decision. Scripts get copies (plain values, never shared
+    /// ones: rhai's size limits refuse shared values inside arrays and
+    /// maps), so a copy kept in `state` does not change under it.
     pod_args: Vec<Dynamic>,
     req_arg: Option<(ReqView, Dynamic)>,
-    /// Whether a value given to a script can outlive its call (only through
-    /// a plugin's `state`). When none can, the request's and the pods'
-    /// script values are refilled in place for the next decision rather
-    /// than allocated anew.
-    values_escape: bool,
 }
 
 impl Profile {
@@ -93,8 +91,8 @@ impl Policies {
     /// already expanded, see `scenario::expand_plugins`), with the modules of
     /// `lib` available to them.
     pub fn load(router: &scenario::Router, seed: u64, lib: Option<&Path>) -> Result<Policies> {
-        let engine = new_engine(seed, lib)?;
-        let mut policies = Policies {
+        let engine = new_engine(seed, lib, &router.script_limits)?;
+        let policies = Policies {
             decider: Plugin::load(
                 &engine,
                 &router.decider.script,
@@ -110,17 +108,8 @@ impl Policies {
             kept: Vec::new(),
             pod_args: Vec::new(),
             req_arg: None,
-            values_escape: true,
         };
-        policies.values_escape = policies.any_keeps_state();
         Ok(policies)
-    }
-
-    fn any_keeps_state(&self) -> bool {
-        let profile = |p: &Profile| {
-            p.filters.iter().chain(&p.scorers).any(|f| f.uses_state) || p.picker.uses_state
-        };
-        self.decider.uses_state || profile(&self.decode) || profile(&self.prefill)
     }
 
     /// Hot swap: recompiles the router's plugins from a new configuration,
@@ -136,7 +125,6 @@ impl Policies {
         )?;
         self.decode = Profile::load(&self.engine, &router.decode)?;
         self.prefill = Profile::load(&self.engine, &router.prefill)?;
-        self.values_escape = self.any_keeps_state();
         self.pod_args.clear();
         self.req_arg = None;
         Ok(())
@@ -147,13 +135,13 @@ impl Policies {
     fn req_arg(&mut self, req: &ReqView) -> Dynamic {
         match &mut self.req_arg {
             Some((view, arg)) if view == req => arg.clone(),
-            Some((view, arg)) if !self.values_escape => {
+            Some((view, arg)) => {
                 refill(arg, req);
                 *view = req.clone();
                 arg.clone()
             }
-            _ => {
-                let arg = Dynamic::from(req.clone()).into_shared();
+            None => {
+                let arg = Dynamic::from(req.clone());
                 self.req_arg = Some((req.clone(), arg.clone()));
                 arg
             }
@@ -193,16 +181,12 @@ impl Policies {
             Role::Decode => &self.decode,
             Role::Prefill => &self.prefill,
         };
-        // Each pod is one shared script value that the calls share, refilled
-        // in place when no value can escape (see `values_escape`).
-        if self.values_escape {
-            self.pod_args.clear();
-        }
+        // Each pod's script value, refilled in place; the calls get copies.
         self.pod_args.truncate(pods.len());
         for (i, p) in pods.iter().enumerate() {
             match self.pod_args.get_mut(i) {
                 Some(arg) => refill(arg, p),
-                None => self.pod_args.push(Dynamic::from(p.clone()).into_shared()),
+                None => self.pod_args.push(Dynamic::from(p.clone())),
             }
         }
         let candidates = &mut self.candidates;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::router::policy::ReqView;
 use crate::router::policy::checks::{
-    check_given_params, check_params_use, check_properties, describe, error_line, mentions_variable,
+    check_given_params, check_params_use, check_properties, describe, error_line,
 };
 use crate::scenario::ParamValue;
 
@@ -76,9 +76,6 @@ pub struct Plugin {
     hook_line: Option<usize>,
     runtime: RefCell<Runtime>,
     pub weight: f64,
-    /// Whether the script reads or writes `state` (the only way a value it
-    /// is given can outlive its call).
-    pub(crate) uses_state: bool,
 }
 
 /// A plugin's rhai runtime, kept from call to call: its functions and tag
@@ -184,7 +181,7 @@ impl Plugin {
             Error::new(format!(
                 "script {path}, top level, line {}: {}",
                 error_line(&e).unwrap_or(0),
-                describe(&e)
+                describe(&e, engine)
             ))
         })?;
         // Parameter defaults: a top-level `const DEFAULTS = #{...}` map; the
@@ -293,7 +290,6 @@ impl Plugin {
             hook_line: definition_line(&text, hook.name()),
             runtime: RefCell::new(runtime),
             weight,
-            uses_state: mentions_variable(&ast, "state"),
         })
     }
 
@@ -326,7 +322,7 @@ impl Plugin {
         }));
         scope.rewind(arg_names.len());
         match out {
-            Ok(result) => result.map_err(|e| self.error(&describe(&e), error_line(&e), req)),
+            Ok(result) => result.map_err(|e| self.error(&describe(&e, engine), error_line(&e), req)),
             Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
         }
     }
@@ -349,12 +345,11 @@ impl Plugin {
     }
 }
 
-/// Puts `value` into the shared script value `cell` (a new cell if it is
-/// borrowed, which nothing does between calls).
+/// Puts `value` into the script value `cell` in place.
 pub(crate) fn refill<T: rhai::Variant + Clone>(cell: &mut Dynamic, value: &T) {
     if let Some(mut inner) = cell.write_lock::<T>() {
         *inner = value.clone();
         return;
     }
-    *cell = Dynamic::from(value.clone()).into_shared();
+    *cell = Dynamic::from(value.clone());
 }

@@ -15,11 +15,9 @@ use crate::error::{Error, Result};
 use crate::router::policy::checks::{describe, error_line};
 use crate::router::policy::plugin::PluginEnv;
 use crate::router::policy::views;
+use crate::scenario::ScriptLimits;
 
-/// Operations a single hook call may take before it is stopped.
-pub const MAX_OPERATIONS: u64 = 1_000_000;
-
-pub fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
+pub fn new_engine(seed: u64, lib: Option<&Path>, limits: &ScriptLimits) -> Result<Engine> {
     let mut engine = Engine::new_raw();
     // Only pure computation: rhai's standard packages have no file, network
     // or time access, and no module resolver is installed (`import` fails).
@@ -28,12 +26,14 @@ pub fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
     ));
     engine.set_strict_variables(true);
     engine.set_fail_on_invalid_map_property(true);
-    engine.set_max_operations(MAX_OPERATIONS);
+    // Per call; a size is checked whenever a value is built or changed, so
+    // `s += s` in a loop stops at the limit, not at the allocator.
+    engine.set_max_operations(limits.operations);
+    engine.set_max_string_size(limits.string_bytes);
+    engine.set_max_array_size(limits.array_items);
+    engine.set_max_map_size(limits.map_entries);
     engine.set_max_call_levels(64);
     engine.set_max_expr_depths(64, 64);
-    // No separate size limits for strings, arrays and maps: the operation
-    // limit bounds what a call can build (and rhai's size checks do not
-    // accept the shared values that pods and `state` are passed as).
     engine.set_optimization_level(rhai::OptimizationLevel::Simple);
     engine.on_print(|s| tracing::info!(target: "pdsim::script", "{s}"));
     engine.on_debug(
@@ -161,7 +161,7 @@ pub fn new_engine(seed: u64, lib: Option<&Path>) -> Result<Engine> {
                     "script module {}, line {}: {}",
                     path.display(),
                     error_line(&e).unwrap_or(0),
-                    describe(&e)
+                    describe(&e, &engine)
                 ))
             })?;
             engine.register_static_module(name.as_str(), module.into());
