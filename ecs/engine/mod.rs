@@ -92,10 +92,14 @@ pub struct StepLog {
     pub first_tokens: Vec<Entity>,
     /// Requests whose leg finished at the step's end.
     pub finished: Vec<Entity>,
+    /// A request at the head of the waiting queue that needs more blocks
+    /// than the pool has: it can never be admitted, nor anyone behind it.
+    pub never_fits: Option<Entity>,
 }
 
 impl StepLog {
     pub fn clear(&mut self) {
+        self.never_fits = None;
         self.parked.clear();
         self.preempted.clear();
         self.first_tokens.clear();

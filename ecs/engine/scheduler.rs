@@ -294,6 +294,9 @@ impl Engine {
         // Whole-prompt reservation (scheduler_reserve_full_isl): room for
         // all known tokens beyond the hit, or nobody behind it is admitted.
         if !kv.can_allocate_after_hit(&r.path, hit_blocks, new_blocks) {
+            if hit_blocks + new_blocks > kv.num_blocks() {
+                log.never_fits = Some(id);
+            }
             return false;
         }
         self.waiting.pop_front();

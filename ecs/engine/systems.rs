@@ -4,10 +4,14 @@
 
 use bevy_ecs::prelude::*;
 
+use crate::engine::kv::BlockPool;
 use crate::engine::record::{StepRecord, StepRecorder};
 use crate::engine::request::{Leg, Request, RequestStore};
 use crate::engine::{Engine, KvPool, StepLog};
-use crate::shared::{Agenda, Clock, EngineIndex, Event, Finished, Handoffs, Parked, TickEvents};
+use crate::error::Error;
+use crate::shared::{
+    Agenda, Clock, EngineIndex, Event, Finished, Handoffs, Parked, RunStatus, TickEvents,
+};
 
 /// Scratch log shared by the step systems.
 #[derive(Resource, Default, Debug)]
@@ -45,6 +49,31 @@ pub fn step_end_system(
     }
 }
 
+/// The sentence for a queue whose head can never be admitted: a run would
+/// otherwise go on with that engine stalled for good.
+fn never_fits(engine: &Engine, kv: &BlockPool, r: &Request, now: f64) -> Error {
+    let bs = kv.block_size();
+    let tokens = r.known_tokens();
+    let null = if kv.has_null_block() {
+        " (one more is vLLM 0.33's null block)"
+    } else {
+        ""
+    };
+    Error::new(format!(
+        "{}-{} stalled at t = {now:.6} s: request {} (session {}, turn {}) at the head of its queue needs \
+         {} blocks of {bs} tokens for its {tokens} tokens, and the pool has {} usable{null}: it can never \
+         be admitted, and every request behind it would wait forever; give the pool more blocks \
+         or lower max_model_len",
+        engine.role.name(),
+        engine.index,
+        r.id,
+        r.session,
+        r.turn,
+        tokens.div_ceil(bs),
+        kv.num_blocks(),
+    ))
+}
+
 /// System: every idle engine with new work forms its next step.
 #[allow(clippy::too_many_arguments)]
 pub fn step_start_system(
@@ -56,6 +85,7 @@ pub fn step_start_system(
     mut agenda: ResMut<Agenda>,
     mut parked: ResMut<Parked>,
     mut recorder: Option<ResMut<StepRecorder>>,
+    mut status: ResMut<RunStatus>,
 ) {
     let now = clock.now;
     for &e in index.prefill.iter().chain(&index.decode) {
@@ -85,6 +115,11 @@ pub fn step_start_system(
             }
         }
         let end = engine.start_step(now, &mut kv.0, &mut reqs, log);
+        if let Some(id) = log.never_fits
+            && status.error.is_none()
+        {
+            status.error = Some(never_fits(&engine, &kv.0, reqs.req(id), now));
+        }
         parked.queue.extend_from_slice(&log.parked);
         if end.is_none()
             && let Some(rec) = recorder.as_deref_mut()

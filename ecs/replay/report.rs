@@ -31,6 +31,8 @@ pub struct RequestRow {
     pub preemptions: u32,
     /// Decoder, pd mode.
     pub remote: Option<RemoteRow>,
+    /// Refused at arrival: its prompt reaches max_model_len.
+    pub refused: bool,
 }
 
 /// A decode leg's read (pd mode): parked by the `schedule()` at
@@ -112,6 +114,9 @@ impl EngineReport {
                         num(x.read_start),
                         opt_num(x.read_done)
                     );
+                }
+                if r.refused {
+                    line.push_str(", \"refused\": true");
                 }
                 line.push('}');
                 line

@@ -132,6 +132,7 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
         steps.push((row, entries.iter().map(|e| e.2).collect()));
     }
     let x0 = sc.raw.transfer.latency;
+    let max_model_len = sc.raw.decode.engine.max_model_len;
     let parallel = sc.raw.router.dispatch == crate::scenario::Dispatch::Parallel;
     let empty = Vec::new();
     let engine_report = |e: Entity, role: Role| -> EngineReport {
@@ -142,7 +143,11 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
             // The decoder gets a request when the prefiller answers: those
             // that finished, or that it scheduled or parked.
             (Mode::Pd, Role::Decode) => {
+                // (And those refused: listed by both engines, as the oracle does.)
                 let mut ids: Vec<u64> = finished.keys().copied().collect();
+                ids.extend(
+                    (0..names.len() as u64).filter(|&i| prompts[i as usize] >= max_model_len),
+                );
                 ids.extend(log.parked.keys().copied());
                 for (s, _) in steps {
                     ids.extend(s.scheduled.iter().map(|(n, _)| by_name[n.as_str()]));
@@ -164,6 +169,7 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
             &finished,
             &log,
             parallel,
+            max_model_len,
         );
         EngineReport {
             requests,
@@ -215,6 +221,7 @@ fn request_rows(
     finished: &HashMap<u64, Request>,
     log: &ReplayLog,
     parallel: bool,
+    max_model_len: u32,
 ) -> Vec<RequestRow> {
     let mut rows: Vec<RequestRow> = order
         .iter()
@@ -229,6 +236,9 @@ fn request_rows(
             finish_time: None,
             preemptions: 0,
             remote: None,
+            // vLLM's input processor refuses a prompt that leaves no room
+            // for an output token; so does pdsim's workload (docs/model.md §3).
+            refused: prompts[id as usize] >= max_model_len,
         })
         .collect();
     let at: HashMap<&str, usize> = order
@@ -271,7 +281,7 @@ fn request_rows(
             // parallel dispatch, with the prefill leg); its prefix hit is the
             // decoder's local hit at parking (its first scheduled step starts
             // from prompt − 1 computed tokens).
-            if !parallel {
+            if !parallel && !row.refused {
                 row.arrival_time = done.and_then(|r| r.t1).unwrap_or(f64::NAN);
             }
             row.prefix_hit = done.and_then(|r| r.prefix_hit);

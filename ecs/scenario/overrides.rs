@@ -55,7 +55,14 @@ fn parse_override_value(path: &str, value: &str) -> serde_json::Value {
         "-inf" | "-infinity" => return serde_json::Value::String("-inf".into()),
         _ => {}
     }
-    serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_string()))
+    // A RON tuple, as the scenario file writes it: `(1000, 3000)`.
+    let tuple = v
+        .strip_prefix('(')
+        .and_then(|t| t.strip_suffix(')'))
+        .map(|t| format!("[{t}]"));
+    serde_json::from_str(v)
+        .or_else(|e| tuple.map_or(Err(e), |t| serde_json::from_str(&t)))
+        .unwrap_or_else(|_| serde_json::Value::String(v.to_string()))
 }
 
 /// Walks `tree` along a dotted path (list items by index) and replaces the

@@ -8,8 +8,8 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::hardware::presets;
 use crate::scenario::{
-    Dispatch, Fault, ParamValue, RawScenario, Router, Scenario, TransferMode, apply_override,
-    pools, workload,
+    Dispatch, EngineSemantics, Fault, ParamValue, RawScenario, Router, Scenario, TransferMode,
+    apply_override, pools, workload,
 };
 
 /// Script and trace paths written in a file are relative to that file's folder.
@@ -191,6 +191,28 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.push(msg);
         }
     };
+    // vLLM accepts a pool exactly max_model_len large, but its null block
+    // leaves one block fewer: a prompt that long would never be admitted.
+    if raw.engine_semantics == EngineSemantics::Vllm033
+        && let Some(plans) = &plans
+    {
+        for ((role, pool), plan) in [("prefill", &raw.prefill), ("decode", &raw.decode)]
+            .into_iter()
+            .zip(plans)
+        {
+            let e = &pool.engine;
+            let usable = u64::from(plan.num_gpu_blocks.saturating_sub(1)) * u64::from(e.block_size);
+            need(
+                usable >= u64::from(e.max_model_len),
+                format!(
+                    "{role}.engine: with engine_semantics: Vllm033 the KV pool ({} blocks × {} tokens, one of \
+                     them vLLM's null block) holds {usable} tokens, fewer than max_model_len ({}): vLLM starts, \
+                     but a prompt of max_model_len tokens would wait forever; give it one more block",
+                    plan.num_gpu_blocks, e.block_size, e.max_model_len
+                ),
+            );
+        }
+    }
     need(
         raw.prefill.engine.max_model_len == raw.decode.engine.max_model_len,
         format!(

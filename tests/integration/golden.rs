@@ -66,7 +66,8 @@ fn every_golden_trace_replays_as_vllm_scheduled_it() {
 
 /// The option matters: with docs/model.md's semantics the traces that exercise
 /// vLLM's differences (the null block, the partial block freed to the front,
-/// lazy promotion) do not replay identically, the others do.
+/// lazy promotion) do not replay identically, the others do (max_model_len's
+/// refusals and length caps are the same in both).
 #[test]
 fn the_reference_semantics_differ_exactly_where_vllm_does() {
     let reference = ["engine_semantics=Reference".to_string()];
@@ -75,7 +76,11 @@ fn the_reference_semantics_differ_exactly_where_vllm_does() {
         let diffs = differences(&trace, &reference);
         let expect_same = matches!(
             name.as_str(),
-            "chunked_prefill" | "head_of_line" | "max_num_seqs"
+            "chunked_prefill"
+                | "head_of_line"
+                | "max_num_seqs"
+                | "max_model_len"
+                | "pd_max_model_len"
         );
         assert_eq!(
             diffs.is_empty(),

@@ -720,10 +720,18 @@ fn a_plugins_state_starts_as_its_top_level_leaves_it() {
         script: path.to_string_lossy().into_owned(),
         params: BTreeMap::new(),
     };
-    let mut pol = policies(plugin("always-disagg-pd-decider", BTreeMap::new()), vec![], vec![], picker, 1);
+    let mut pol = policies(
+        plugin("always-disagg-pd-decider", BTreeMap::new()),
+        vec![],
+        vec![],
+        picker,
+        1,
+    );
     let pods: Vec<PodView> = (0..3).map(pod).collect();
     // 6 % 3, 7 % 3, 8 % 3: the counter starts at the top level's 5.
-    let picks: Vec<usize> = (0..3).map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap()).collect();
+    let picks: Vec<usize> = (0..3)
+        .map(|_| pol.choose(Role::Decode, &req(100), &pods).unwrap())
+        .collect();
     assert_eq!(picks, vec![0, 1, 2]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -55,7 +55,10 @@ fn hostile_scripts_end_in_their_error_within_a_second() {
             let (out, took) = pdsim(&args);
             let name = path.file_name().unwrap().to_string_lossy();
             assert!(took < Duration::from_secs(1), "{name} {verb}: {took:?}");
-            assert!(out.status.code().is_some(), "{name} {verb}: killed by a signal");
+            assert!(
+                out.status.code().is_some(),
+                "{name} {verb}: killed by a signal"
+            );
             if expect.starts_with("ok") {
                 assert!(out.status.success(), "{name} {verb}: {}", stderr(&out));
             } else if verb == "run" || !name.starts_with("state_") {
@@ -63,7 +66,10 @@ fn hostile_scripts_end_in_their_error_within_a_second() {
                 let err = stderr(&out);
                 assert_eq!(out.status.code(), Some(1), "{name} {verb}: {err}");
                 assert!(err.contains(expect), "{name} {verb}: {err}");
-                assert!(err.contains(&*name), "{name} {verb} names the script: {err}");
+                assert!(
+                    err.contains(&*name),
+                    "{name} {verb} names the script: {err}"
+                );
                 assert!(!err.contains("panicked"), "{name} {verb}: {err}");
             }
         }
@@ -84,4 +90,55 @@ fn script_limits_are_overridable() {
     ]);
     // "ab" doubled: 1024 bytes is the first length over 1000.
     assert!(stderr(&out).contains("over the limit of 1000 (router.script_limits.string_bytes)"));
+}
+
+#[test]
+fn a_vllm_pool_exactly_max_model_len_large_is_refused_for_its_null_block() {
+    // tiny: blocks of 4 tokens, max_model_len 64. 16 blocks hold 64 tokens,
+    // but vLLM's null block leaves 15 × 4 = 60: a 64-token prompt never fits.
+    let sets = [
+        "engine_semantics=Vllm033",
+        "decode.engine.num_gpu_blocks=16",
+        "prefill.engine.num_gpu_blocks=17",
+    ];
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let err = pdsim::scenario::load(Path::new("tests/scenarios/tiny.ron"), &sets)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains(
+            "decode.engine: with engine_semantics: Vllm033 the KV pool (16 blocks × 4 tokens"
+        ) && err.contains("holds 60 tokens, fewer than max_model_len (64)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("prefill.engine"),
+        "17 blocks are enough: {err}"
+    );
+    // The same pool with the reference semantics (no null block) runs.
+    assert!(pdsim::scenario::load(Path::new("tests/scenarios/tiny.ron"), &sets[1..]).is_ok());
+}
+
+#[test]
+fn a_queue_whose_head_can_never_be_admitted_stops_the_run_with_a_sentence() {
+    use pdsim::router::RouterMode;
+    use pdsim::sim::Sim;
+    // A pool shrunk after validation (as an extension could): 8 blocks of 4
+    // tokens = 32 tokens, and a 60-token prompt needs 15 blocks.
+    let mut sc = crate::common::tiny(&[]);
+    sc.pools[1].num_gpu_blocks = 8;
+    let trace = vec![
+        crate::common::req(0.0, 60, 3, None, true),
+        crate::common::req(0.5, 10, 3, None, true),
+    ];
+    let mut sim = Sim::with_trace(&sc, RouterMode::Direct, trace).unwrap();
+    let err = sim.run().expect_err("a stall is an error").to_string();
+    assert!(
+        err.contains("decode-0 stalled")
+            && err.contains(
+                "needs 15 blocks of 4 tokens for its 60 tokens, and the pool has 8 usable"
+            )
+            && err.contains("can never be admitted"),
+        "{err}"
+    );
 }

@@ -120,6 +120,15 @@ class Engine:
             self.sched.connector.get_num_new_matched_tokens = logged_match
 
     def submit(self, rid, stream, prompt_len, max_tokens, t, kv_transfer_params=None):
+        if prompt_len >= self.cfg["max_model_len"]:
+            # vLLM's input processor (`_validate_prompt_len`) refuses a prompt
+            # that leaves no room for one output token: it never reaches the
+            # scheduler.
+            self.records[rid] = {"id": rid, "arrival_time": t, "first_scheduled_step": None,
+                                 "prefix_hit": None, "first_token_step": None,
+                                 "first_token_time": None, "finish_step": None,
+                                 "finish_time": None, "preemptions": 0, "refused": True}
+            return
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
         req = Request(rid, [token(stream, k) for k in range(prompt_len)], params, None,
@@ -367,6 +376,10 @@ def run(trace):
             # The prefill leg: max_tokens = 1, do_remote_decode.
             P.submit(r["id"], r.get("session") or r["id"], r["prompt_len"], 1,
                      r["arrival_time"], {"do_remote_decode": True})
+            if r["prompt_len"] >= D.cfg["max_model_len"] and not parallel:
+                # Refused by the prefiller: the sidecar answers the client
+                # with the error; the decoder never sees it (listed refused).
+                D.submit(r["id"], r["id"], r["prompt_len"], r["output_len"], r["arrival_time"])
             if parallel:
                 # vLLM's push proxy sends the decode leg at the same time,
                 # naming the prefiller from its command line (no block ids).
@@ -422,7 +435,8 @@ def run(trace):
                 e.iterate(t, on_park)
 
     for e in engines:
-        left = [rid for rid, rec in e.records.items() if rec["finish_time"] is None]
+        left = [rid for rid, rec in e.records.items()
+                if rec["finish_time"] is None and not rec.get("refused")]
         if left:
             raise SystemExit(f"{e.name}: requests never finished (stuck): {left}")
     if mode == "single":

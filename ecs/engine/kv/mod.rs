@@ -134,6 +134,10 @@ impl BlockPool {
     pub fn num_blocks(&self) -> u32 {
         self.blocks.len() as u32
     }
+    /// Whether this is vLLM 0.33's pool, whose null block was taken out.
+    pub fn has_null_block(&self) -> bool {
+        self.vllm
+    }
     /// Blocks in the free queue (free or free cached): what allocation can take.
     pub fn num_free(&self) -> u32 {
         self.num_free

@@ -322,7 +322,9 @@ impl Plugin {
         }));
         scope.rewind(arg_names.len());
         match out {
-            Ok(result) => result.map_err(|e| self.error(&describe(&e, engine), error_line(&e), req)),
+            Ok(result) => {
+                result.map_err(|e| self.error(&describe(&e, engine), error_line(&e), req))
+            }
             Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
         }
     }
