@@ -248,6 +248,13 @@ fn execute(command: Command) -> Result<()> {
             let sc = scenario::load(&scenario, &opts.overrides())?;
             let report = files.outputs()?.run(&sc)?;
             print!("{}", report.to_text());
+            if !report.backlog.kept_up {
+                eprintln!(
+                    "warning: {}: the deployment did not keep up ({} requests in flight at the horizon); see the report's backlog",
+                    scenario.display(),
+                    report.backlog.in_flight
+                );
+            }
             Ok(())
         }
         Command::Check {

@@ -67,3 +67,13 @@ mod tests {
         assert_eq!(suggest("xyz", ["H200"]), None);
     }
 }
+
+/// A number as a sentence shows it: plainly when it reads well, else in
+/// scientific notation (`1e308`, not 309 digits).
+pub fn num(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}

@@ -35,7 +35,7 @@ pub enum At {
 }
 
 /// The headline metrics of a sweep's summary (see the module docs).
-pub const METRICS: [Metric; 12] = [
+pub const METRICS: [Metric; 13] = [
     Metric {
         key: "remote_fraction",
         header: "remote",
@@ -101,6 +101,12 @@ pub const METRICS: [Metric; 12] = [
         header: "P hit",
         scale: 1.0,
         at: At::Ratio("prefill_prefix_cache_hits", "prefill_prefix_cache_queries"),
+    },
+    Metric {
+        key: "in_flight",
+        header: "in flight",
+        scale: 1.0,
+        at: At::Field("backlog", "in_flight", None),
     },
     Metric {
         key: "decode_hit_rate",

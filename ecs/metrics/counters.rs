@@ -46,6 +46,12 @@ impl Counters {
         *self.failed_by_reason.entry(reason).or_default() += 1;
     }
 
+    /// Requests that arrived and have neither finished nor failed for good.
+    pub fn in_flight(&self) -> u64 {
+        self.requests_arrived
+            .saturating_sub(self.requests_too_long + self.requests_finished + self.requests_failed)
+    }
+
     /// A request produced its last token: `output` tokens in all.
     pub fn finished(&mut self, output: u32) {
         self.requests_finished += 1;

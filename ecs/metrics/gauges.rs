@@ -4,6 +4,7 @@
 use bevy_ecs::prelude::*;
 
 use crate::engine::{Engine, KvPool};
+use crate::metrics::{Counters, InFlightTrend};
 use crate::shared::{Clock, EngineIndex};
 
 /// Each gauge's unit and meaning (docs/model.md §9), for the text report.
@@ -95,7 +96,15 @@ pub fn observe_system(
     index: Res<EngineIndex>,
     engines: Query<(&Engine, &KvPool)>,
     mut gauges: ResMut<Gauges>,
+    counters: Res<Counters>,
+    mut trend: ResMut<InFlightTrend>,
 ) {
+    trend.sample(
+        clock.now,
+        counters.in_flight(),
+        gauges.warmup,
+        gauges.horizon,
+    );
     let (mut run_min, mut run_max) = (u32::MAX, 0u32);
     let (mut load_min, mut load_max) = (u32::MAX, 0u32);
     let (mut usage_max, mut usage_sum) = (0.0f64, 0.0f64);

@@ -12,11 +12,12 @@ use bevy_ecs::prelude::*;
 use crate::engine::Engine;
 use crate::engine::{Request, Role};
 use crate::error::{Error, Result};
+use crate::metrics::backlog::{self, Backlog};
 use crate::metrics::counters::Counters;
 use crate::metrics::gauges::{GAUGES, Gauges};
 use crate::metrics::observations::{Metrics, Obs, PhaseObservations, Summary};
 use crate::router::Router;
-use crate::shared::{Clock, CurrentScenario};
+use crate::shared::{Clock, CurrentScenario, RunStatus};
 use crate::transfer::Flows;
 
 /// What a trace workload read (the report's `trace` section).
@@ -88,6 +89,9 @@ pub struct Report {
     /// the whole run: requests (legs), of those prefilled remotely (on a
     /// decoder), prompt tokens.
     pub pods: BTreeMap<String, crate::router::book::Routed>,
+    /// What is still in flight at the horizon, and whether the deployment
+    /// kept up ([`crate::metrics::backlog`]).
+    pub backlog: Backlog,
     /// What a trace workload read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<TraceSummary>,
@@ -276,6 +280,10 @@ impl Report {
         let steps = world.query::<&Engine>().iter(world).map(|e| e.steps).sum();
         let counters = counters(world);
         let trace = world.get_resource::<TraceSummary>().cloned();
+        let stopped_early = world
+            .get_resource::<RunStatus>()
+            .and_then(|s| s.stopped_early.clone());
+        let backlog = backlog::collect(world, horizon, (warmup, horizon), stopped_early);
         let router = world.non_send::<Router>();
         let (routing_decisions, routing_seconds) = (router.decisions, router.seconds);
         let mut pods = BTreeMap::new();
@@ -295,6 +303,7 @@ impl Report {
             counters,
             custom,
             pods,
+            backlog,
             trace,
             phases,
             ticks,
@@ -346,6 +355,7 @@ impl Report {
                 t.completed
             );
         }
+        out.push_str(&self.backlog.to_text());
         let _ = writeln!(out, "\ngauges (time averages over [warm-up, horizon])");
         for (name, v) in &self.gauges {
             let (unit, what) = crate::metrics::gauges::describe(name);

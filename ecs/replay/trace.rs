@@ -152,8 +152,10 @@ impl Trace {
             "horizon": crate::scenario::validate::MAX_HORIZON,
             "warmup": 0.0,
             "engine_semantics": "Vllm033",
+            // Unused (the trace's requests are the workload), and too slow to
+            // count against the synthetic workload's bound on requests.
             "workload": {
-                "session_rate": 1.0,
+                "session_rate": 1e-9,
                 "first_turn_tokens": [1.0, 1.0],
                 "later_turn_tokens_mean": 1.0,
                 "output_tokens_mean": 1.0,

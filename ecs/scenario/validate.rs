@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, num};
 use crate::hardware::presets;
 use crate::scenario::{
     Dispatch, EngineSemantics, Fault, ParamValue, RawScenario, Router, Scenario, TransferMode,
@@ -114,6 +114,20 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
 
 /// The longest horizon accepted (a synthetic workload never ends on its own).
 pub const MAX_HORIZON: f64 = 1e9;
+/// Pods per role.
+pub const MAX_PODS: u32 = 10_000;
+/// KV blocks per pod: 2^24, beyond any GPU (an H200's 141 GB at Llama-3.1-8B's
+/// 128 KiB per token holds about 70 000 blocks of 16 tokens).
+pub const MAX_BLOCKS_PER_POD: u32 = 1 << 24;
+/// What a KV block costs pdsim's memory (its entry in the pool and its slot
+/// in the prefix index; the engine asserts it at compile time).
+pub const KV_BYTES_PER_BLOCK: u64 = 44;
+/// Memory the KV pools' bookkeeping may take, in all.
+pub const MAX_KV_BYTES: u64 = 8 << 30;
+/// Requests a synthetic workload may issue over a run (the reference issues
+/// about 5 a second).
+pub const MAX_REQUESTS: f64 = 1e8;
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Checks every number a run depends on; refuses impossible scenarios with
 /// a sentence saying why.
@@ -191,6 +205,85 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             problems.push(msg);
         }
     };
+    // What the machine can hold and the clock can resolve: refused with the
+    // bound rather than discovered by the allocator or a run that never ends.
+    for (role, pool) in [("prefill", &raw.prefill), ("decode", &raw.decode)] {
+        need(
+            pool.count <= MAX_PODS,
+            format!(
+                "{role}.count {} is more than {MAX_PODS} pods: the router scores every candidate pod \
+                 for every request, and each pod keeps its own KV pool",
+                pool.count
+            ),
+        );
+    }
+    if let Some(plans) = &plans {
+        let mut bytes = 0u64;
+        for ((role, pool), plan) in [("prefill", &raw.prefill), ("decode", &raw.decode)]
+            .into_iter()
+            .zip(plans)
+        {
+            need(
+                plan.num_gpu_blocks <= MAX_BLOCKS_PER_POD,
+                format!(
+                    "{role}.engine.num_gpu_blocks {} is more than {MAX_BLOCKS_PER_POD} (2^24) blocks: no GPU \
+                     holds that much KV ({} tokens at {} tokens a block)",
+                    plan.num_gpu_blocks,
+                    u64::from(plan.num_gpu_blocks) * u64::from(pool.engine.block_size),
+                    pool.engine.block_size
+                ),
+            );
+            bytes += u64::from(pool.count) * u64::from(plan.num_gpu_blocks) * KV_BYTES_PER_BLOCK;
+        }
+        need(
+            bytes <= MAX_KV_BYTES,
+            format!(
+                "the KV pools would take {:.1} GiB of memory to simulate (pods × \
+                 num_gpu_blocks × {} B a block), more than the {} GiB pdsim allows itself: use fewer \
+                 pods or blocks (larger blocks: block_size)",
+                bytes as f64 / GIB,
+                KV_BYTES_PER_BLOCK,
+                MAX_KV_BYTES as f64 / GIB
+            ),
+        );
+    }
+    if raw.workload.trace.is_none() && raw.horizon.is_finite() {
+        let mut workloads = vec![("workload".to_string(), raw.workload.clone())];
+        for (i, p) in raw.phases.iter().enumerate() {
+            let sets: Vec<String> = p.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            if sets.iter().any(|s| s.starts_with("workload.")) {
+                let mut r = raw.clone();
+                for s in &sets {
+                    if let Ok(next) = apply_override(&r, s) {
+                        r = next;
+                    }
+                }
+                workloads.push((format!("phases.{i}"), r.workload));
+            }
+        }
+        for (what, w) in &workloads {
+            let s = workload::Sessions::of(w);
+            let p = s.continue_probability;
+            let turns = if p < 1.0 {
+                1.0 / (1.0 - p)
+            } else {
+                f64::INFINITY
+            }
+            .min(1.0 + raw.horizon / s.tool_time_mean);
+            let requests = s.session_rate * raw.horizon * turns;
+            need(
+                !(requests > MAX_REQUESTS),
+                format!(
+                    "{what}: about {requests:.2e} requests in the run (session_rate {} per s × horizon {} s × \
+                     {turns:.2} turns a session); more than {MAX_REQUESTS:e} is refused: arrivals that \
+                     close together outrun any deployment and the simulated clock, and every request \
+                     waiting is kept in memory; lower the rate or the horizon",
+                    num(s.session_rate),
+                    num(raw.horizon)
+                ),
+            );
+        }
+    }
     // vLLM accepts a pool exactly max_model_len large, but its null block
     // leaves one block fewer: a prompt that long would never be admitted.
     if raw.engine_semantics == EngineSemantics::Vllm033

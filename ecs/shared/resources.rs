@@ -112,6 +112,8 @@ pub struct EngineIndex {
 #[derive(Resource, Default, Debug)]
 pub struct RunStatus {
     pub error: Option<Error>,
+    /// Why the run ended before its horizon (an unbounded backlog).
+    pub stopped_early: Option<String>,
 }
 
 /// The scenario as it stands now (phases edit it).

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, num};
 use crate::metrics::figures::{
     RunDistributions, cdf_svg, cdf_svg_text, series_svg, series_system, write_series,
 };
@@ -41,6 +41,9 @@ pub struct Outputs {
     pub sample_interval: f64,
 }
 
+/// Samples of a time series a run keeps for its figures.
+const MAX_SAMPLES: f64 = 1e6;
+
 impl Outputs {
     /// Runs `scenario` and writes every file asked for.
     pub fn run(&self, scenario: &Scenario) -> Result<Report> {
@@ -49,6 +52,20 @@ impl Outputs {
             return Err(Error::new(format!(
                 "--sample-interval must be a positive number of seconds, got {}",
                 self.sample_interval
+            )));
+        }
+        let horizon = scenario.raw.horizon;
+        if self.plots.is_some()
+            && horizon.is_finite()
+            && horizon / self.sample_interval > MAX_SAMPLES
+        {
+            return Err(Error::new(format!(
+                "--sample-interval {} s over a {} s horizon is {:.3e} samples per series; at most \
+                 {MAX_SAMPLES:e} are kept (a figure is a few thousand pixels wide): give at least {} s",
+                num(self.sample_interval),
+                num(horizon),
+                horizon / self.sample_interval,
+                num(horizon / MAX_SAMPLES)
             )));
         }
         let mut sim = Sim::new(scenario)?;

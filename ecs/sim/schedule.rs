@@ -13,9 +13,10 @@ use crate::engine::record::{FinishedRequests, StepRecorder};
 use crate::engine::systems::{StepScratch, step_end_system, step_start_system};
 use crate::engine::{BlockPool, Engine, KvPool, Request, Role, StepLog};
 use crate::error::Result;
+use crate::metrics::backlog::MAX_IN_FLIGHT;
 use crate::metrics::figures::{SeriesRecorder, series_system};
 use crate::metrics::gauges::observe_system;
-use crate::metrics::{Counters, CustomMetrics, Gauges, Metrics, Report};
+use crate::metrics::{Counters, CustomMetrics, Gauges, InFlightTrend, Metrics, Report};
 use crate::router::book::RouterBook;
 use crate::router::gateway::routing_system;
 use crate::router::policy::Policies;
@@ -45,6 +46,8 @@ pub struct Sim {
     due: Vec<Event>,
     /// The earliest deadline, as of the last look (deadlines due with a tick).
     deadline_at: Option<f64>,
+    /// Requests in flight past which the run stops early ([`MAX_IN_FLIGHT`]).
+    pub max_in_flight: u64,
 }
 
 impl Sim {
@@ -197,6 +200,7 @@ impl Sim {
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
         world.insert_resource(Gauges::new(raw.warmup, raw.horizon));
+        world.insert_resource(InFlightTrend::default());
         world.insert_resource(Deadlines::default());
         world.insert_resource(CustomMetrics::default());
         world.insert_resource(Failed::default());
@@ -292,6 +296,7 @@ impl Sim {
             horizon: raw.horizon,
             due: Vec::new(),
             deadline_at: None,
+            max_in_flight: MAX_IN_FLIGHT,
         };
         if let Some(extend) = crate::sim::extension() {
             extend(&mut sim);
@@ -342,6 +347,8 @@ impl Sim {
             ))
         })?;
         let wall = Instant::now();
+        let mut ticks = 0u32;
+        let mut stopped_early = None;
         while let Some(t) = self.next_time() {
             if t > self.horizon {
                 break;
@@ -350,17 +357,37 @@ impl Sim {
             if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
                 return Err(e);
             }
+            // A backlog past what memory should hold ends the run here, with
+            // a report that says so (checked now and then: it grows slowly).
+            ticks = ticks.wrapping_add(1);
+            if ticks % 1024 == 0 {
+                let n = self.world.resource::<Counters>().in_flight();
+                if n > self.max_in_flight {
+                    stopped_early = Some(format!(
+                        "stopped at t = {t:.1} s with {n} requests in flight (more than {}): \
+                         the deployment does not keep up with the workload",
+                        self.max_in_flight
+                    ));
+                    self.horizon = t;
+                    break;
+                }
+            }
         }
         // A trace run with an infinite horizon ends with its last event:
-        // that is the horizon it reports over.
-        if self.horizon.is_infinite() {
+        // that is the horizon it reports over; so does a run stopped early.
+        if self.horizon.is_infinite() || stopped_early.is_some() {
             let end = self.world.resource::<Clock>().now;
             self.horizon = end;
             self.world.resource_mut::<Gauges>().horizon = end;
             self.world.resource_mut::<CurrentScenario>().0.horizon = end;
         }
+        self.world.resource_mut::<RunStatus>().stopped_early = stopped_early;
         self.end_runs();
         self.world.resource_mut::<Gauges>().advance(self.horizon);
+        let (warmup, horizon) = (self.world.resource::<Gauges>().warmup, self.horizon);
+        self.world
+            .resource_mut::<InFlightTrend>()
+            .advance(horizon, warmup, horizon);
         Ok(Report::collect(
             &mut self.world,
             wall.elapsed().as_secs_f64(),

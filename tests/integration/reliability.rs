@@ -142,3 +142,130 @@ fn a_queue_whose_head_can_never_be_admitted_stops_the_run_with_a_sentence() {
         "{err}"
     );
 }
+
+/// `pdsim run tiny.ron --set …`: refused, and the sentence.
+fn refused(sets: &[&str]) -> String {
+    refused_in("tests/scenarios/tiny.ron", sets)
+}
+
+fn refused_in(scenario: &str, sets: &[&str]) -> String {
+    let mut args = vec!["run", scenario];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let (out, took) = pdsim(&args);
+    let err = stderr(&out);
+    assert!(took < Duration::from_secs(1), "{sets:?}: {took:?}");
+    assert_eq!(out.status.code(), Some(1), "{sets:?}: {err}");
+    err
+}
+
+#[test]
+fn inputs_that_never_end_or_exhaust_memory_are_refused_with_the_bound() {
+    // tiny: horizon 100 s, continue_probability 0.5 (2 turns a session);
+    // the reference: 2 000 s, 0.9 (10 turns): 1e5 × 2000 × 10 = 2e9.
+    for (scenario, rate, requests) in [
+        ("tests/scenarios/tiny.ron", "1e308", "inf"),
+        ("tests/scenarios/tiny.ron", "1e9", "2.00e11"),
+        ("scenarios/llmd_nixl_pull.ron", "100000", "2.00e9"),
+    ] {
+        let err = refused_in(scenario, &[&format!("workload.session_rate={rate}")]);
+        assert!(
+            err.contains(&format!(
+                "about {requests} requests in the run (session_rate {rate} per s"
+            )),
+            "{err}"
+        );
+        assert!(err.contains("more than 1e8 is refused"), "{err}");
+    }
+    let err = refused(&["decode.engine.num_gpu_blocks=4294967295"]);
+    assert!(err.contains("more than 16777216 (2^24) blocks"), "{err}");
+    // 4294967295 × 44 B = 176 GiB.
+    assert!(err.contains("would take 176.0 GiB of memory"), "{err}");
+    let err = refused(&["prefill.count=65535"]);
+    assert!(
+        err.contains("prefill.count 65535 is more than 10000 pods"),
+        "{err}"
+    );
+    let err = refused(&[
+        "prefill.count=10000",
+        "prefill.engine.num_gpu_blocks=16000000",
+    ]);
+    // 10 000 pods × 16 000 000 blocks × 44 B = 7.04e12 B = 6556.5 GiB.
+    assert!(err.contains("would take 6556.5 GiB"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("pdsim-plots-{}", std::process::id()));
+    let plots = dir.to_string_lossy();
+    let (out, _) = pdsim(&[
+        "run",
+        "tests/scenarios/tiny.ron",
+        "--plots",
+        &plots,
+        "--sample-interval",
+        "1e-300",
+    ]);
+    // 100 s ÷ 1e-300 s = 1e302 samples; at most 1e6: at least 1e-4 s.
+    assert!(
+        stderr(&out).contains("is 1.000e302 samples per series; at most 1e6 are kept")
+            && stderr(&out).contains("give at least 0.0001 s"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_overloaded_run_reports_its_backlog_and_says_it_did_not_keep_up() {
+    use pdsim::sim::Sim;
+    // tiny serves a session a second easily; at 40 a second (80 requests a
+    // second, one prefiller of 4 slots) its queues grow all run long.
+    for (rate, keeps_up) in [("1.0", true), ("40.0", false)] {
+        let sc = crate::common::tiny(&[&format!("workload.session_rate={rate}")]);
+        let report = Sim::new(&sc).unwrap().run().unwrap();
+        let b = &report.backlog;
+        let c = &report.counters;
+        assert_eq!(b.kept_up, keeps_up, "rate {rate}: {b:?}");
+        // Every request accounted for.
+        assert_eq!(
+            c["requests_arrived"],
+            c["requests_finished"] + c["requests_too_long"] + c["requests_failed"] + b.in_flight,
+            "rate {rate}"
+        );
+        assert_eq!(b.in_flight, c["requests_in_flight"]);
+        assert_eq!(b.by_place.values().sum::<u64>(), b.in_flight);
+        if !keeps_up {
+            assert!(b.in_flight > 1000 && b.growth > b.mean_in_flight, "{b:?}");
+            let waited = b.waiting_for_first_token.mean.unwrap();
+            assert!(waited > 1.0, "the backlog has waited: {waited}");
+            assert!(
+                report
+                    .to_text()
+                    .contains("WARNING: the deployment did not keep up")
+            );
+        } else {
+            assert!(!report.to_text().contains("WARNING"));
+        }
+    }
+}
+
+#[test]
+fn a_backlog_past_the_memory_bound_stops_the_run_early_and_says_so() {
+    use pdsim::sim::Sim;
+    let sc = crate::common::tiny(&["workload.session_rate=40.0"]);
+    let mut sim = Sim::new(&sc).unwrap();
+    sim.max_in_flight = 500;
+    let report = sim.run().unwrap();
+    let why = report
+        .backlog
+        .stopped_early
+        .as_deref()
+        .expect("stopped early");
+    assert!(why.contains("requests in flight (more than 500)"), "{why}");
+    assert!(report.horizon < 100.0 && !report.backlog.kept_up);
+    // Checked every 1024 ticks: stopped soon after passing the bound.
+    assert!(
+        report.backlog.in_flight > 500 && report.backlog.in_flight < 2000,
+        "{:?}",
+        report.backlog
+    );
+}

@@ -58,6 +58,12 @@ struct StreamBlocks {
 
 type StreamMap = HashMap<u64, StreamBlocks, BuildHasherDefault<KeyHasher>>;
 
+// A run's memory is estimated before it starts from this figure.
+const _: () = assert!(
+    (std::mem::size_of::<Block>() + std::mem::size_of::<BlockId>()) as u64
+        <= crate::scenario::validate::KV_BYTES_PER_BLOCK
+);
+
 /// One instance's KV pool.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
