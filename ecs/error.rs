@@ -54,6 +54,16 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// A number as a sentence shows it: plainly when it reads well, else in
+/// scientific notation (`1e308`, not 309 digits).
+pub fn num(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,15 +75,5 @@ mod tests {
         assert_eq!(suggest("kitten", ["sitting"]), None); // 3 edits > 2
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(suggest("xyz", ["H200"]), None);
-    }
-}
-
-/// A number as a sentence shows it: plainly when it reads well, else in
-/// scientific notation (`1e308`, not 309 digits).
-pub fn num(x: f64) -> String {
-    if x == 0.0 || !x.is_finite() || (1e-4..1e9).contains(&x.abs()) {
-        format!("{x}")
-    } else {
-        format!("{x:e}")
     }
 }

@@ -7,12 +7,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::engine::record::{FinishedRequests, StepRecorder};
-use crate::engine::{Engine, Request, Role, Status};
+use crate::engine::{Engine, Request, Role};
 use crate::error::{Error, Result};
 use crate::replay::report::{EngineReport, RemoteRow, ReplayReport, RequestRow, StepRow};
 use crate::replay::trace::{Mode, Trace};
 use crate::router::RouterMode;
-use crate::shared::{Clock, EngineIndex};
+use crate::shared::EngineIndex;
 use crate::sim::{Sim, SimSystems};
 
 /// A step's entry: (request, tokens, tokens computed before the step).
@@ -20,7 +20,8 @@ type Scheduled = (u64, u32, u32);
 
 /// What the replay observes beside the step recorder: per formed step, each
 /// scheduled request's computed tokens before the step; when each remote
-/// request was parked.
+/// request was first parked (read off the requests after the run: a scan
+/// of every request each tick would make a long trace quadratic).
 #[derive(Resource, Default)]
 struct ReplayLog {
     generation: HashMap<Entity, u64>,
@@ -30,7 +31,6 @@ struct ReplayLog {
 }
 
 fn observe_replay(
-    clock: Res<Clock>,
     index: Res<EngineIndex>,
     engines: Query<&Engine>,
     reqs: Query<&Request>,
@@ -51,11 +51,6 @@ fn observe_replay(
             })
             .collect();
         log.formed.push((e, entries));
-    }
-    for r in &reqs {
-        if r.status == Status::Parked && !log.parked.contains_key(&r.id) {
-            log.parked.insert(r.id, clock.now);
-        }
     }
 }
 
@@ -91,10 +86,21 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
         .remove_resource::<StepRecorder>()
         .expect("recording")
         .steps;
-    let log = sim
+    let mut log = sim
         .world
         .remove_resource::<ReplayLog>()
         .expect("replay log");
+    let live: Vec<(u64, f64)> = sim
+        .world
+        .query::<&Request>()
+        .iter(&sim.world)
+        .filter_map(|r| Some((r.id, r.parked_at?)))
+        .collect();
+    log.parked = finished
+        .iter()
+        .filter_map(|r| Some((r.id, r.parked_at?)))
+        .chain(live)
+        .collect();
     if recorded.len() != log.formed.len() {
         return Err(Error::new(format!(
             "internal: {} steps recorded, {} observed",
@@ -187,15 +193,18 @@ pub fn replay(trace: &Trace, source: &Path, overrides: &[String]) -> Result<Repl
     if let Some(p) = report.prefill.as_ref().filter(|_| !parallel) {
         // As the oracle submits decode legs: when their prefill finished, in
         // the order the prefiller's step listed them.
+        let keys: HashMap<&str, (f64, usize, usize)> = p
+            .requests
+            .iter()
+            .filter_map(|r| {
+                let s = r.finish_step?;
+                let pos = p.steps[s].scheduled.iter().position(|x| x.0 == r.id)?;
+                Some((r.id.as_str(), (r.finish_time?, s, pos)))
+            })
+            .collect();
         let key = |id: &str| {
-            p.requests
-                .iter()
-                .find(|r| r.id == id)
-                .and_then(|r| {
-                    let s = r.finish_step?;
-                    let pos = p.steps[s].scheduled.iter().position(|x| x.0 == id)?;
-                    Some((r.finish_time?, s, pos))
-                })
+            keys.get(id)
+                .copied()
                 .unwrap_or((f64::INFINITY, usize::MAX, usize::MAX))
         };
         report.decode.requests.sort_by(|a, b| {

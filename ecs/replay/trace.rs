@@ -23,8 +23,21 @@ const ENGINE_KEYS: [&str; 9] = [
     "beta",
 ];
 
+/// The other keys of `config`: the mode, the P/D link, the roles' overrides.
+const CONFIG_KEYS: [&str; 8] = [
+    "mode",
+    "x0",
+    "nic_tokens_per_s",
+    "transfer",
+    "dispatch",
+    "notify_latency",
+    "prefill",
+    "decode",
+];
+
 /// A trace: `config` and `requests` (docs/oracle.md, "Trace format").
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Trace {
     pub config: serde_json::Map<String, Value>,
     pub requests: Vec<pdsim::Entry>,
@@ -40,8 +53,23 @@ impl Trace {
     pub fn load(path: &Path) -> Result<Trace> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::new(format!("cannot read trace {}: {e}", path.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| Error::new(format!("{}: not a trace: {e}", path.display())))
+        let trace: Trace = serde_json::from_str(&text)
+            .map_err(|e| Error::new(format!("{}: not a trace: {e}", path.display())))?;
+        // A misspelt key would silently leave its default in force.
+        let known = ENGINE_KEYS.iter().chain(&CONFIG_KEYS);
+        for k in trace.config.keys() {
+            if !known.clone().any(|n| n == k) {
+                let hint = crate::error::suggest(k, known.clone().copied())
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                return Err(Error::new(format!(
+                    "{}: config.{k} is not a trace setting{hint}; they are {}",
+                    path.display(),
+                    known.clone().copied().collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        Ok(trace)
     }
 
     pub fn mode(&self) -> Result<Mode> {
@@ -185,7 +213,8 @@ impl Trace {
     /// request is prefilled remotely.
     pub fn requests(&self, source: &Path) -> Result<Vec<TraceRequest>> {
         let remote = self.mode()? == Mode::Pd;
-        pdsim::check(&self.requests)?;
+        pdsim::check(&self.requests)
+            .map_err(|e| Error::new(format!("{}: {e}", source.display())))?;
         let options = TraceSource::file(source.to_string_lossy());
         let mut prep = trace::Preparer::new(TraceFormat::Pdsim, &options, source);
         for r in pdsim::records(self.requests.clone()) {

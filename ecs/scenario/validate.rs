@@ -263,6 +263,9 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
         }
         for (what, w) in &workloads {
             let s = workload::Sessions::of(w);
+            if !(s.session_rate.is_finite() && s.session_rate > 0.0) {
+                continue; // refused above
+            }
             let p = s.continue_probability;
             let turns = if p < 1.0 {
                 1.0 / (1.0 - p)
@@ -272,7 +275,7 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             .min(1.0 + raw.horizon / s.tool_time_mean);
             let requests = s.session_rate * raw.horizon * turns;
             need(
-                !(requests > MAX_REQUESTS),
+                requests <= MAX_REQUESTS,
                 format!(
                     "{what}: about {requests:.2e} requests in the run (session_rate {} per s × horizon {} s × \
                      {turns:.2} turns a session); more than {MAX_REQUESTS:e} is refused: arrivals that \

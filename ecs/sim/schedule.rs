@@ -360,7 +360,7 @@ impl Sim {
             // A backlog past what memory should hold ends the run here, with
             // a report that says so (checked now and then: it grows slowly).
             ticks = ticks.wrapping_add(1);
-            if ticks % 1024 == 0 {
+            if ticks.is_multiple_of(1024) {
                 let n = self.world.resource::<Counters>().in_flight();
                 if n > self.max_in_flight {
                     stopped_early = Some(format!(

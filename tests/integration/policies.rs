@@ -351,8 +351,8 @@ fn random_and_round_robin_pickers() {
 
 #[test]
 fn pods_kept_in_state_are_not_changed_by_later_requests() {
-    // The router refills its script values in place between requests unless
-    // a plugin keeps `state`: this picker keeps the first request, its pods
+    // The router refills its script values in place between requests and
+    // gives scripts copies: this picker keeps the first request, its pods
     // and a pod, and checks at every later request that they read the same.
     let picker = scratch_plugin(
         "keeping-picker",
@@ -370,6 +370,66 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
         pol.choose(Role::Decode, &req(prompt), &pods)
             .unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+#[test]
+fn a_filter_that_returns_a_pod_twice_is_an_error() {
+    let twice = scratch_plugin(
+        "twice-filter",
+        "fn filter(req, pods) { pods + [pods[0]] }\n",
+    );
+    let mut pol = policies(never(), vec![twice], vec![], first(), 1);
+    let err = pol
+        .choose(Role::Decode, &req(100), &[pod(0), pod(1)])
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("`filter` returned pod 0 twice"), "{err}");
+}
+
+#[test]
+fn random_int_of_less_than_one_is_an_error() {
+    let picker = scratch_plugin(
+        "zero-picker",
+        "fn pick(req, pods, scores) { random_int(0) }\n",
+    );
+    let mut pol = policies(never(), vec![], vec![], picker, 1);
+    let err = pol
+        .choose(Role::Decode, &req(100), &[pod(0), pod(1)])
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("n must be at least 1, got 0"), "{err}");
+}
+
+#[test]
+fn scores_whose_weighted_sum_overflows_are_an_error() {
+    // 1e308 + 1e308 = inf: finite scores, an infinite sum.
+    let dir = std::env::temp_dir().join(format!("pdsim-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge-scorer.rhai");
+    std::fs::write(&path, "fn score(req, pod) { 1e308 }\n").unwrap();
+    let script = path.to_string_lossy().into_owned();
+    let scorer = || Scorer {
+        plugin: None,
+        script: script.clone(),
+        weight: 1.0,
+        params: BTreeMap::new(),
+    };
+    let profile = Profile {
+        filters: vec![],
+        scorers: vec![scorer(), scorer()],
+        picker: first(),
+    };
+    let router = Router::with_profiles(never(), profile.clone(), profile);
+    let mut pol = Policies::load(&router, 1, Some(Path::new("lib"))).unwrap();
+    let err = pol
+        .choose(Role::Decode, &req(100), &[pod(0), pod(1)])
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("the weighted sum of the scores of pod 0 is inf"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -269,3 +269,80 @@ fn a_backlog_past_the_memory_bound_stops_the_run_early_and_says_so() {
         report.backlog
     );
 }
+
+#[test]
+fn a_replay_trace_with_impossible_times_or_unknown_keys_is_refused() {
+    let golden: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/golden/chunked_prefill.json").unwrap(),
+    )
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("pdsim-badtrace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Edit, &str)> = vec![
+        (
+            "far",
+            Box::new(|t| t["requests"][0]["arrival_time"] = 1e300.into()),
+            "arrival_time 1e300 s is past the longest run pdsim simulates (1e9 s",
+        ),
+        (
+            "ms",
+            Box::new(|t| t["requests"][0]["arrival_time"] = 2e12.into()),
+            "arrival_time 2e12 s is past the longest run",
+        ),
+        (
+            "reqkey",
+            Box::new(|t| t["requests"][0]["output_lne"] = 3.into()),
+            "unknown field `output_lne`, expected one of",
+        ),
+        (
+            "cfgkey",
+            Box::new(|t| t["config"]["num_gpu_block"] = 3.into()),
+            "config.num_gpu_block is not a trace setting (did you mean `num_gpu_blocks`?)",
+        ),
+        (
+            "topkey",
+            Box::new(|t| {
+                let c = t["config"].take();
+                t.as_object_mut().unwrap().remove("config");
+                t["confg"] = c;
+            }),
+            "unknown field `confg`, expected `config` or `requests`",
+        ),
+    ];
+    for (name, edit, expect) in cases {
+        let mut t = golden.clone();
+        edit(&mut t);
+        let path = dir.join(format!("{name}.json"));
+        std::fs::write(&path, t.to_string()).unwrap();
+        let (out, took) = pdsim(&["replay", &path.to_string_lossy()]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(took < Duration::from_secs(1), "{name}: {took:?}");
+        assert!(
+            err.contains(expect) && err.contains(&*path.to_string_lossy()),
+            "{name}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_script_longer_than_rhai_can_number_is_refused_with_the_real_limit() {
+    let dir = std::env::temp_dir().join(format!("pdsim-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("long.rhai");
+    let text = format!(
+        "const DEFAULTS = #{{ non_cached_tokens: 1, prompt_tokens: 0 }};\n{}fn decide(req, pod) {{ true }}\n",
+        "// padding\n".repeat(70_000)
+    );
+    std::fs::write(&path, text).unwrap();
+    let set = format!("router.decider.script={}", path.display());
+    let (out, _) = pdsim(&["check", "tests/scenarios/tiny.ron", "--set", &set]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("has 70002 lines") && err.contains("at most 65535"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -14,6 +14,22 @@ pub(crate) fn error_line(err: &EvalAltResult) -> Option<usize> {
     }
 }
 
+/// Lines a script may have: rhai numbers positions with 16 bits, and past
+/// that its line numbers (and so its errors) would be wrong.
+pub(crate) const MAX_SCRIPT_LINES: usize = u16::MAX as usize;
+
+/// Refuses a script too long for rhai's positions.
+pub(crate) fn check_length(text: &str, what: &str) -> Result<()> {
+    let lines = text.lines().count();
+    if lines > MAX_SCRIPT_LINES {
+        return Err(Error::new(format!(
+            "{what} has {lines} lines; rhai numbers lines with 16 bits, so a script may have at most \
+             {MAX_SCRIPT_LINES}: split it into modules in lib/"
+        )));
+    }
+    Ok(())
+}
+
 /// A rhai error as a sentence; a limit names the setting that raises it.
 pub(crate) fn describe(err: &EvalAltResult, engine: &Engine) -> String {
     match err {

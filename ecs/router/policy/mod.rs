@@ -228,9 +228,16 @@ impl Policies {
                             req,
                         )
                     })?;
-                if !next.contains(&pos) {
-                    next.push(pos);
+                if next.contains(&pos) {
+                    return Err(f.error(
+                        &format!(
+                            "`filter` returned pod {index} twice; it must return a subset of `pods`"
+                        ),
+                        None,
+                        req,
+                    ));
                 }
+                next.push(pos);
             }
             if next.is_empty() {
                 return Err(f.error(
@@ -309,6 +316,26 @@ impl Policies {
             }
         }
 
+        // Finite scores can still sum to ±inf (or inf − inf): the picker
+        // would compare what is not a number.
+        if let Some(k) = self.scores.iter().position(|v| !v.is_finite()) {
+            let weights: Vec<String> = profile
+                .scorers
+                .iter()
+                .map(|s| format!("{} × {}", s.weight, s.path))
+                .collect();
+            let last = profile.scorers.last().unwrap_or(&profile.picker);
+            return Err(last.error(
+                &format!(
+                    "the weighted sum of the scores of pod {} is {} ({}): scores × weights overflow",
+                    pods[candidates[k]].index,
+                    self.scores[k],
+                    weights.join(" + ")
+                ),
+                None,
+                req,
+            ));
+        }
         let scores: Array = self
             .scores
             .iter()

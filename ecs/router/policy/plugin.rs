@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::error::{Error, Result};
 use crate::router::policy::ReqView;
 use crate::router::policy::checks::{
-    check_given_params, check_params_use, check_properties, describe, error_line,
+    check_given_params, check_length, check_params_use, check_properties, describe, error_line,
 };
 use crate::scenario::ParamValue;
 
@@ -159,6 +159,7 @@ impl Plugin {
     ) -> Result<Plugin> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
+        check_length(&text, &format!("script {path}"))?;
         let compile = |scope: &Scope| {
             let mut ast = engine.compile_with_scope(scope, &text).map_err(|e| {
                 let line =

@@ -12,7 +12,7 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 
 use crate::error::{Error, Result};
-use crate::router::policy::checks::{describe, error_line};
+use crate::router::policy::checks::{check_length, describe, error_line};
 use crate::router::policy::plugin::PluginEnv;
 use crate::router::policy::views;
 use crate::scenario::ScriptLimits;
@@ -72,13 +72,19 @@ pub fn new_engine(seed: u64, lib: Option<&Path>, limits: &ScriptLimits) -> Resul
     let r = rng.clone();
     engine.register_fn("random", move || -> f64 { r.borrow_mut().random::<f64>() });
     let r = rng.clone();
-    engine.register_fn("random_int", move |n: i64| -> i64 {
-        if n <= 0 {
-            0
-        } else {
-            r.borrow_mut().random_range(0..n)
-        }
-    });
+    // random_int(n): uniform in [0, n); there is no such integer for n < 1.
+    engine.register_fn(
+        "random_int",
+        move |n: i64| -> std::result::Result<i64, Box<EvalAltResult>> {
+            if n < 1 {
+                return Err(format!(
+                    "random_int(n) draws from [0, n): n must be at least 1, got {n}"
+                )
+                .into());
+            }
+            Ok(r.borrow_mut().random_range(0..n))
+        },
+    );
     // argmax(scores, ties): index of the largest score; ties to the first
     // ("first") or at random among the tied ("random"). Native for speed:
     // every max-score pick calls it.
@@ -147,6 +153,7 @@ pub fn new_engine(seed: u64, lib: Option<&Path>, limits: &ScriptLimits) -> Resul
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 Error::new(format!("cannot read script module {}: {e}", path.display()))
             })?;
+            check_length(&text, &format!("script module {}", path.display()))?;
             let mut ast = engine.compile(&text).map_err(|e| {
                 Error::new(format!(
                     "script module {}, line {}: syntax error: {}",

@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::scenario::validate::MAX_HORIZON;
 use crate::workload::trace::Record;
 
 /// One request of the trace.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Entry {
     pub id: String,
     pub arrival_time: f64,
@@ -23,6 +25,7 @@ pub struct Entry {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
     #[allow(dead_code)] // read by `pdsim replay`, not by a run
@@ -30,7 +33,8 @@ struct File {
     requests: Vec<Entry>,
 }
 
-/// The trace's requests, checked: ids unique, arrivals finite and >= 0,
+/// The trace's requests, checked: ids unique, arrivals finite, >= 0 and
+/// within the longest horizon,
 /// prompt and output at least one token.
 pub fn check(requests: &[Entry]) -> Result<()> {
     let mut ids: HashMap<&str, ()> = HashMap::new();
@@ -42,6 +46,14 @@ pub fn check(requests: &[Entry]) -> Result<()> {
             return Err(Error::new(format!(
                 "request {:?}: arrival_time must be a finite number >= 0",
                 r.id
+            )));
+        }
+        if r.arrival_time > MAX_HORIZON {
+            return Err(Error::new(format!(
+                "request {:?}: arrival_time {} s is past the longest run pdsim simulates ({MAX_HORIZON:e} s, \
+                 about 32 years); is it in milliseconds or an absolute timestamp?",
+                r.id,
+                crate::error::num(r.arrival_time)
             )));
         }
         if r.prompt_len == 0 || r.output_len == 0 {
