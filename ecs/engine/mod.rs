@@ -286,6 +286,12 @@ impl Engine {
         self.dirty = true;
     }
 
+    /// vLLM 0.33: blocks of ended leases whose release the scheduler has
+    /// not been told of yet (still referenced by the pool).
+    pub fn pending_frees(&self) -> impl Iterator<Item = &[BlockId]> {
+        self.undelivered_frees.iter().map(Vec::as_slice)
+    }
+
     /// vLLM 0.33: `update_from_output` hands the scheduler the transfers that
     /// finished since the last one. Returns whether there were any.
     fn deliver_transfers(&mut self, kv: &mut BlockPool, reqs: &mut impl RequestStore) -> bool {

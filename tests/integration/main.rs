@@ -10,6 +10,7 @@ mod layout;
 mod mechanisms;
 mod outputs;
 mod policies;
+mod properties;
 mod reliability;
 mod runs;
 mod sweep;
