@@ -239,11 +239,15 @@ fn cost_of(
     let c = &pool.cost;
     match c.kind {
         CostKind::Linear => {
+            // A real step takes milliseconds; a minute per token (or per
+            // step) is already absurd, and a larger one would have a run
+            // tick through heartbeats for ages.
             let mut get = |name: &str, v: Option<f64>| match v {
-                Some(v) if v.is_finite() && v >= 0.0 => Some(v),
+                Some(v) if v.is_finite() && (0.0..=60.0).contains(&v) => Some(v),
                 Some(v) => {
                     problems.push(format!(
-                        "{role}.cost.{name} must be a finite number >= 0, got {v}"
+                        "{role}.cost.{name} must be from 0 to 60 (seconds, per step or per token), got {}",
+                        crate::error::num(v)
                     ));
                     None
                 }

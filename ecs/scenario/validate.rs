@@ -114,6 +114,8 @@ pub fn expand_plugins(router: &Router) -> Result<Router> {
 
 /// The longest horizon accepted (a synthetic workload never ends on its own).
 pub const MAX_HORIZON: f64 = 1e9;
+/// Network and control-plane delays, seconds.
+pub const MAX_DELAY: f64 = 3600.0;
 /// Pods per role.
 pub const MAX_PODS: u32 = 10_000;
 /// KV blocks per pod: 2^24, beyond any GPU (an H200's 141 GB at Llama-3.1-8B's
@@ -287,6 +289,26 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             );
         }
     }
+    // A NIC so slow that one request's KV takes hours to move is a typo (a
+    // unit), and would have leases renewed by heartbeats for ages.
+    if let Some(plans) = &plans {
+        for ((role, pool), plan) in [("prefill", &raw.prefill), ("decode", &raw.decode)]
+            .into_iter()
+            .zip(plans)
+        {
+            let read = f64::from(pool.engine.max_model_len) / plan.nic_tokens_per_s;
+            need(
+                read <= MAX_DELAY,
+                format!(
+                    "{role}.nic: {} KV tokens per second would take {} s to move one max_model_len \
+                     ({}) request, more than an hour; is its unit right?",
+                    num(plan.nic_tokens_per_s),
+                    num(read),
+                    pool.engine.max_model_len
+                ),
+            );
+        }
+    }
     // vLLM accepts a pool exactly max_model_len large, but its null block
     // leaves one block fewer: a prompt that long would never be admitted.
     if raw.engine_semantics == EngineSemantics::Vllm033
@@ -328,14 +350,10 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             );
         }
     }
-    need(
-        finite_nonneg(raw.transfer.latency),
-        format!(
-            "transfer.latency must be a finite number >= 0, got {}",
-            raw.transfer.latency
-        ),
-    );
+    // Delays of the network and the control plane: at most an hour (a run
+    // would otherwise tick through heartbeats and retries for ages).
     for (name, v) in [
+        ("transfer.latency", raw.transfer.latency),
         ("transfer.notify_latency", raw.transfer.notify_latency),
         (
             "router.prefill_retry_backoff",
@@ -345,8 +363,11 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
         ("client.backoff", raw.client.backoff),
     ] {
         need(
-            finite_nonneg(v),
-            format!("{name} must be a finite number >= 0, got {v}"),
+            finite_nonneg(v) && v <= MAX_DELAY,
+            format!(
+                "{name} must be a number of seconds from 0 to {MAX_DELAY} (an hour), got {}",
+                num(v)
+            ),
         );
     }
     let lease = &raw.transfer.lease;
@@ -371,9 +392,21 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             raw.transfer.mode
         ),
     );
-    let pods: Vec<String> = (0..raw.prefill.count)
+    // The pods' names, listed only when few (a count may be absurd: refused above).
+    let exists = |pod: &str| {
+        let (role, index) = pod.split_once('-').unwrap_or((pod, ""));
+        let count = match role {
+            "prefill" => raw.prefill.count,
+            "decode" => raw.decode.count,
+            _ => 0,
+        };
+        index
+            .parse::<u32>()
+            .is_ok_and(|i| i < count && index == i.to_string())
+    };
+    let pods: Vec<String> = (0..raw.prefill.count.min(64))
         .map(|i| format!("prefill-{i}"))
-        .chain((0..raw.decode.count).map(|i| format!("decode-{i}")))
+        .chain((0..raw.decode.count.min(64)).map(|i| format!("decode-{i}")))
         .collect();
     for (i, f) in raw.faults.iter().enumerate() {
         let (at, duration) = f.window();
@@ -386,7 +419,7 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
             format!("faults.{i}.duration must be a positive number of seconds, got {duration}"),
         );
         match f {
-            Fault::PodDown { pod, .. } | Fault::NicSlow { pod, .. } if !pods.contains(pod) => {
+            Fault::PodDown { pod, .. } | Fault::NicSlow { pod, .. } if !exists(pod) => {
                 let hint = crate::error::suggest(pod, pods.iter().map(String::as_str))
                     .map(|s| format!(" (did you mean `{s}`?)"))
                     .unwrap_or_default();
