@@ -63,7 +63,7 @@ impl Backlog {
             .filter(|(_, n)| **n > 0)
             .map(|(p, n)| format!("{p} {n}"))
             .collect();
-        let _ = write!(out, "in flight at the horizon: {} requests", self.in_flight);
+        let _ = write!(out, "requests in flight at the horizon: {}", self.in_flight);
         if !places.is_empty() {
             let _ = write!(out, " ({})", places.join(", "));
         }
@@ -71,7 +71,7 @@ impl Backlog {
         if let (Some(mean), Some(p99)) = (w.mean, w.p99) {
             let _ = write!(
                 out,
-                "; {} without a first token have waited {mean:.3} s on average, p99 {p99:.3} s",
+                "; waiting for a first token: {}, for {mean:.3} s on average, p99 {p99:.3} s",
                 w.count
             );
         }

@@ -346,3 +346,26 @@ fn a_script_longer_than_rhai_can_number_is_refused_with_the_real_limit() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_nan_in_a_ron_file_is_blamed_on_its_field() {
+    let dir = std::env::temp_dir().join(format!("pdsim-nan-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nan.ron");
+    let text = std::fs::read_to_string("tests/scenarios/tiny.ron")
+        .unwrap()
+        .replace("session_rate: 1.0", "session_rate: NaN")
+        .replace(
+            "../../scripts/",
+            &format!("{}/scripts/", std::env::current_dir().unwrap().display()),
+        );
+    std::fs::write(&path, text).unwrap();
+    let (out, _) = pdsim(&["check", &path.to_string_lossy()]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("workload.session_rate must be positive, got NaN"),
+        "{err}"
+    );
+    assert!(!err.contains("horizon"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
