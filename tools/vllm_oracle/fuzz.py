@@ -93,6 +93,11 @@ def random_trace(rng):
         else:
             prompt = rng.randint(1, mml - 1)
         output = rng.randint(1, min(40 if tight else 24, mml - prompt))
+        r = rng.random()
+        if r < 0.04:
+            prompt = rng.randint(mml, mml + 16)  # refused: reaches max_model_len
+        elif r < 0.12:
+            output = rng.randint(1, 40)  # may run past max_model_len: capped
         if session:
             context[session] = prompt + output
         arrival = round(rng.uniform(0, horizon), 3) if rng.random() < 0.8 else 0.0
