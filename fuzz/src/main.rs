@@ -249,6 +249,16 @@ fn run_case(target: Target, path: &Path, dir: &Path) -> pdsim::Result<()> {
         Target::Scenario => {
             pdsim::scenario::load(path, &[])?;
             let sc = pdsim::scenario::load(path, &short)?;
+            // pdsim accepts up to 8 GiB of KV pools; the fuzzer runs under a
+            // smaller address space, so it only loads the large ones.
+            let blocks: u64 = [&sc.raw.prefill, &sc.raw.decode]
+                .iter()
+                .zip(&sc.pools)
+                .map(|(pool, plan)| u64::from(pool.count) * u64::from(plan.num_gpu_blocks))
+                .sum();
+            if blocks * pdsim::scenario::validate::KV_BYTES_PER_BLOCK > 1 << 30 {
+                return Ok(());
+            }
             Sim::new(&sc)?.run()?;
         }
         Target::Experiment => {
