@@ -81,20 +81,7 @@ pub struct PodFigures {
     pub flops_per_token: f64,
     /// The memory profile (with `kv_cache_memory_bytes`, that figure is the
     /// KV memory).
-    pub memory: MemoryFigures,
-}
-
-#[derive(Debug, Serialize)]
-pub struct MemoryFigures {
-    pub total: f64,
-    pub gpu_memory_utilization: f64,
-    pub requested: f64,
-    pub weights: f64,
-    pub activations: f64,
-    pub non_torch: f64,
-    pub cuda_graphs: f64,
-    pub kv_memory: f64,
-    pub derived_num_gpu_blocks: u64,
+    pub memory: MemoryPlan,
 }
 
 #[derive(Debug, Serialize)]
@@ -144,20 +131,6 @@ fn model_figures(pod: &Pod) -> ModelFigures {
         quantization: format!("{:?}", m.quantization),
         total_params: m.total_params(),
         active_params: m.active_params(),
-    }
-}
-
-fn memory_figures(m: &MemoryPlan) -> MemoryFigures {
-    MemoryFigures {
-        total: m.total,
-        gpu_memory_utilization: m.utilization,
-        requested: m.requested,
-        weights: m.weights,
-        activations: m.activations,
-        non_torch: m.non_torch,
-        cuda_graphs: m.cuda_graphs,
-        kv_memory: m.kv_memory,
-        derived_num_gpu_blocks: m.num_gpu_blocks,
     }
 }
 
@@ -220,7 +193,7 @@ fn pool_figures(
             kv_bytes_per_token: pod.kv_bytes_per_token(),
             block_bytes: pod.block_bytes(e.block_size),
             flops_per_token: pod.model.flops_per_token(pod.tp),
-            memory: memory_figures(plan.memory.as_ref().expect("a pod has a memory plan")),
+            memory: *plan.memory.as_ref().expect("a pod has a memory plan"),
         }),
         num_gpu_blocks: plan.num_gpu_blocks,
         num_gpu_blocks_given: e.num_gpu_blocks.is_some(),
@@ -390,7 +363,7 @@ fn write_pod(o: &mut String, pod: &PodFigures) {
         o,
         "  memory         {} × {} = {} − weights {} − activations {} − non-torch {} − CUDA graphs {} = {} for KV",
         gib(mm.total),
-        mm.gpu_memory_utilization,
+        mm.utilization,
         gib(mm.requested),
         gib(mm.weights),
         gib(mm.activations),
@@ -402,7 +375,7 @@ fn write_pod(o: &mut String, pod: &PodFigures) {
         o,
         "                 ÷ {} per block = {} blocks",
         bytes(pod.block_bytes),
-        group(mm.derived_num_gpu_blocks as f64)
+        group(mm.num_gpu_blocks as f64)
     );
 }
 

@@ -7,6 +7,8 @@
 //! vLLM log gives `num_gpu_blocks` (its "GPU KV cache size" ÷ block size)
 //! or `kv_cache_memory_bytes` instead.
 
+use serde::Serialize;
+
 use crate::hardware::Pod;
 
 /// Memory outside torch's allocator that the profile run sees (CUDA
@@ -28,10 +30,12 @@ pub const SAMPLER_BYTES_PER_LOGIT: f64 = 39.0;
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
-/// Every term of the derivation, per GPU (one TP rank), in bytes.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Every term of the derivation, per GPU (one TP rank), in bytes (as
+/// `pdsim check --json` writes them).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct MemoryPlan {
     pub total: f64,
+    #[serde(rename = "gpu_memory_utilization")]
     pub utilization: f64,
     /// total × utilization
     pub requested: f64,
@@ -43,7 +47,10 @@ pub struct MemoryPlan {
     /// What is left for the KV cache (given directly with
     /// `kv_cache_memory_bytes`).
     pub kv_memory: f64,
+    /// (The pool's own `block_bytes` says it.)
+    #[serde(skip)]
     pub block_bytes: f64,
+    #[serde(rename = "derived_num_gpu_blocks")]
     pub num_gpu_blocks: u64,
 }
 

@@ -172,6 +172,7 @@ impl Trace {
             .get("notify_latency")
             .and_then(Value::as_f64)
             .unwrap_or(0.001);
+        let file = std::path::absolute(source).unwrap_or_else(|_| source.to_path_buf());
         // The router is never consulted (RouterMode::Direct).
         let unused = json!({"script": "unused-in-replay.rhai"});
         let tree = json!({
@@ -180,15 +181,10 @@ impl Trace {
             "horizon": crate::scenario::validate::MAX_HORIZON,
             "warmup": 0.0,
             "engine_semantics": "Vllm033",
-            // Unused (the trace's requests are the workload), and too slow to
-            // count against the synthetic workload's bound on requests.
+            // The workload is this trace (its requests are given to the
+            // simulation directly: `Trace::requests`).
             "workload": {
-                "session_rate": 1e-9,
-                "first_turn_tokens": [1.0, 1.0],
-                "later_turn_tokens_mean": 1.0,
-                "output_tokens_mean": 1.0,
-                "continue_probability": 0.0,
-                "tool_time_mean": 1.0,
+                "trace": {"file": file.to_string_lossy(), "format": "Pdsim"},
             },
             "prefill": pool(&p),
             "decode": pool(&d),

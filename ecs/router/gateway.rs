@@ -257,36 +257,40 @@ fn route(
     }
     let j = policies.choose(Role::Decode, &req, &router.pods)?;
     let decoder = router.candidates[j];
+    // The prefill candidates: before the decider when it sees them, else
+    // only once it chose to disaggregate. False when every one is down.
+    // (Fields, not the router: `policies` borrows its mode.)
+    let prefill_views = |pods: &mut Vec<PodView>,
+                         candidates: &mut Vec<Entity>,
+                         known_down: &[bool],
+                         book: &RouterBook| {
+        views(pods, candidates, &index.prefill, 0, known_down, book);
+        !pods.is_empty()
+    };
     let sees_prefill = policies.decider.arity == 3;
-    if sees_prefill {
-        views(
+    if sees_prefill
+        && !prefill_views(
             &mut router.prefill_pods,
             &mut router.prefill_candidates,
-            &index.prefill,
-            0,
             &router.known_down,
             &router.book,
-        );
-        if router.prefill_pods.is_empty() {
-            return Ok(None);
-        }
+        )
+    {
+        return Ok(None);
     }
     let prefill_pods = sees_prefill.then_some(&router.prefill_pods[..]);
     if !policies.decide(&req, &router.pods[j], prefill_pods)? {
         return Ok(Some((decoder, None)));
     }
-    if !sees_prefill {
-        views(
+    if !sees_prefill
+        && !prefill_views(
             &mut router.prefill_pods,
             &mut router.prefill_candidates,
-            &index.prefill,
-            0,
             &router.known_down,
             &router.book,
-        );
-        if router.prefill_pods.is_empty() {
-            return Ok(None);
-        }
+        )
+    {
+        return Ok(None);
     }
     let i = policies.choose(Role::Prefill, &req, &router.prefill_pods)?;
     Ok(Some((decoder, Some(router.prefill_candidates[i]))))

@@ -23,6 +23,14 @@ pub fn assert_close(actual: f64, expected: f64, what: &str) {
 }
 
 /// The tiny scenario (tests/scenarios/tiny.ron) with `--set` overrides.
+/// A fresh scratch folder of this test process, named `name`.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 pub fn tiny(sets: &[&str]) -> Scenario {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
     scenario::load(Path::new("tests/scenarios/tiny.ron"), &sets).expect("tiny scenario loads")

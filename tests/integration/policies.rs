@@ -624,49 +624,36 @@ fn a_property_typo_is_refused_even_in_a_branch_no_request_takes() {
     let dir = std::env::temp_dir().join(format!("pdsim-typo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("d.rhai");
+    // `pdsim check` of the reference with `text` as its decider: its stderr.
+    let check = |text: &str| {
+        std::fs::write(&script, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
+            .args([
+                "check",
+                "scenarios/llmd_nixl_pull.ron",
+                "--set",
+                "router.decider.params={}",
+                "--set",
+            ])
+            .arg(format!("router.decider.script={}", script.display()))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     // No request of the reference has a million-token prompt.
-    std::fs::write(
-        &script,
+    let err = check(
         "fn decide(req, pod) {\n    if req.prompt_tokens > 1000000 {\n        pod.runing > 3\n    } else {\n        false\n    }\n}\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
-        .args([
-            "check",
-            "scenarios/llmd_nixl_pull.ron",
-            "--set",
-            "router.decider.params={}",
-            "--set",
-        ])
-        .arg(format!("router.decider.script={}", script.display()))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    );
     assert!(
         err.contains("line 3: hook `decide` reads `.runing`, which a pod does not have (did you mean `running`?)"),
         "{err}"
     );
     // A runtime error in a branch taken by one of check's made-up
     // situations (a busy decoder) is caught by `check`, before a run.
-    std::fs::write(
-        &script,
+    let err = check(
         "fn decide(req, pod) {\n    if pod.active > 10 {\n        pod.active / 0 > 1\n    } else {\n        false\n    }\n}\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
-        .args([
-            "check",
-            "scenarios/llmd_nixl_pull.ron",
-            "--set",
-            "router.decider.params={}",
-            "--set",
-        ])
-        .arg(format!("router.decider.script={}", script.display()))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    );
     assert!(
         err.contains("hook `decide`, line 3") && err.contains("zero"),
         "{err}"

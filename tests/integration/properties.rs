@@ -218,7 +218,6 @@ fn describe(case: usize, sets: &[String]) -> String {
 #[test]
 fn every_run_of_random_small_scenarios_keeps_its_invariants() {
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(2026);
-    let mut runs = 0;
     for case in 0..1500 {
         let sets = random_scenario(&mut rng);
         let refs: Vec<&str> = sets.iter().map(String::as_str).collect();
@@ -237,9 +236,7 @@ fn every_run_of_random_small_scenarios_keeps_its_invariants() {
             describe(case, &sets),
             broken.join("\n  ")
         );
-        runs += 1;
     }
-    assert_eq!(runs, 1500);
 }
 
 #[test]

@@ -213,6 +213,56 @@ fn the_reference_report_keeps_its_numbers() {
     );
 }
 
+/// Against the exact percentiles of commit 06d528b (before streaming
+/// histograms: tests/baselines/reference_seed1_06d528b.json): each of today's
+/// is at most 2^-11 below it, as the histogram's buckets promise (the lower
+/// edge of a bucket 2^-11 wide, relative); means agree to rounding (the sum
+/// is taken in another order); every other number is the same.
+#[test]
+fn the_reference_percentiles_are_within_the_histograms_bound_of_the_exact_ones() {
+    fn walk(old: &serde_json::Value, new: &serde_json::Value, path: &str, bad: &mut Vec<String>) {
+        match old {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match new.get(k) {
+                        Some(n) => walk(v, n, &format!("{path}.{k}"), bad),
+                        None => bad.push(format!("{path}.{k}: missing")),
+                    }
+                }
+            }
+            serde_json::Value::Number(x) if path.starts_with(".observations.") => {
+                let (x, y) = (x.as_f64().unwrap(), new.as_f64().unwrap());
+                let below = if x == 0.0 { y } else { (x - y) / x };
+                let ok = if path.ends_with(".mean") {
+                    below.abs() <= 1e-12
+                } else if path.ends_with(".count") {
+                    x == y
+                } else {
+                    (0.0..=2f64.powi(-11)).contains(&below)
+                };
+                if !ok {
+                    bad.push(format!("{path}: {x} -> {y}"));
+                }
+            }
+            _ if old != new => bad.push(format!("{path}: {old} -> {new}")),
+            _ => {}
+        }
+    }
+    let report = pdsim::run_scenario(Path::new("scenarios/llmd_nixl_pull.ron"), &[]).unwrap();
+    let new: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let old: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string("tests/baselines/reference_seed1_06d528b.json").unwrap(),
+    )
+    .unwrap();
+    let mut bad = Vec::new();
+    walk(&old, &new, "", &mut bad);
+    assert!(
+        bad.is_empty(),
+        "beyond the histograms' bound:\n{}",
+        bad.join("\n")
+    );
+}
+
 /// `pdsim run --trace` replays a trace through the scenario's deployment and
 /// says what it read.
 #[test]
