@@ -1,7 +1,7 @@
 //! The LRU queue of free blocks: intrusive and doubly linked through the
 //! blocks themselves, so a hit on a free cached block leaves it in O(1).
 
-use crate::engine::kv::{BlockId, BlockPool, NONE};
+use crate::engine::kv::{BlockId, BlockPool, NONE, OUT};
 
 impl BlockPool {
     pub(super) fn push_front(&mut self, id: BlockId) {
@@ -10,7 +10,6 @@ impl BlockPool {
             let b = &mut self.blocks[id as usize];
             b.prev = NONE;
             b.next = head;
-            b.in_queue = true;
         }
         if head == NONE {
             self.tail = id;
@@ -37,9 +36,8 @@ impl BlockPool {
             self.blocks[next as usize].prev = prev;
         }
         let b = &mut self.blocks[id as usize];
-        b.prev = NONE;
+        b.prev = OUT;
         b.next = NONE;
-        b.in_queue = false;
         self.num_free -= 1;
     }
 
@@ -49,7 +47,6 @@ impl BlockPool {
             let b = &mut self.blocks[id as usize];
             b.prev = tail;
             b.next = NONE;
-            b.in_queue = true;
         }
         if tail == NONE {
             self.head = id;

@@ -34,15 +34,50 @@ pub type BlockId = u32;
 
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// 24 bytes (an `Option<BlockKey>` and an `in_queue` flag would make it
+/// 40): the pools' blocks are read at random, and the smaller they are the
+/// more of them stay in cache.
 #[derive(Clone, Debug)]
 struct Block {
     ref_cnt: u32,
-    key: Option<BlockKey>,
-    // Intrusive doubly linked free queue (NONE when not in the queue).
+    // Intrusive doubly linked free queue: NONE at its ends, `prev` OUT when
+    // the block is not in it.
     prev: u32,
     next: u32,
-    in_queue: bool,
+    /// Its identity when cached: `key_index` NONE when it has none.
+    key_index: u32,
+    key_stream: u64,
 }
+
+/// `prev` of a block out of the free queue.
+pub(crate) const OUT: u32 = u32::MAX - 1;
+
+impl Block {
+    fn key(&self) -> Option<BlockKey> {
+        (self.key_index != NONE).then_some(BlockKey {
+            stream: self.key_stream,
+            index: self.key_index,
+        })
+    }
+    fn has_key(&self) -> bool {
+        self.key_index != NONE
+    }
+    fn set_key(&mut self, key: BlockKey) {
+        self.key_stream = key.stream;
+        self.key_index = key.index;
+    }
+    /// Takes its identity away, returning it.
+    fn take_key(&mut self) -> Option<BlockKey> {
+        let key = self.key();
+        self.key_index = NONE;
+        key
+    }
+    fn in_queue(&self) -> bool {
+        self.prev != OUT
+    }
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 24);
 
 /// The prefix-cache index: per stream, the block holding each of its block
 /// indices (NONE where not cached), how many are cached, and how many lead
@@ -90,10 +125,10 @@ impl BlockPool {
         let blocks = (0..num_blocks)
             .map(|i| Block {
                 ref_cnt: 0,
-                key: None,
                 prev: if i == 0 { NONE } else { i - 1 },
                 next: if i + 1 == num_blocks { NONE } else { i + 1 },
-                in_queue: true,
+                key_index: NONE,
+                key_stream: 0,
             })
             .collect();
         BlockPool {
@@ -241,9 +276,9 @@ impl BlockPool {
     }
 
     fn take_ref(&mut self, id: BlockId) {
-        if self.blocks[id as usize].in_queue {
+        if self.blocks[id as usize].in_queue() {
             self.unlink(id);
-            if self.blocks[id as usize].key.is_some() {
+            if self.blocks[id as usize].has_key() {
                 self.num_free_cached -= 1;
             }
         }
@@ -260,7 +295,7 @@ impl BlockPool {
         for _ in 0..n {
             let id = self.head;
             self.unlink(id);
-            if let Some(key) = self.blocks[id as usize].key.take() {
+            if let Some(key) = self.blocks[id as usize].take_key() {
                 if self.vllm {
                     self.evict_vllm(id, key);
                 } else {
@@ -278,11 +313,11 @@ impl BlockPool {
     /// with the same content replaces the older one in the index, and the
     /// older one loses its identity (it can no longer be found).
     pub fn cache_block(&mut self, id: BlockId, key: BlockKey) {
-        if self.blocks[id as usize].key == Some(key) {
+        if self.blocks[id as usize].key() == Some(key) {
             return;
         }
         debug_assert!(
-            self.blocks[id as usize].key.is_none(),
+            !self.blocks[id as usize].has_key(),
             "block {id} already cached"
         );
         let s = self.cached.entry(key.stream).or_default();
@@ -295,7 +330,7 @@ impl BlockPool {
             // same hash joins the first; lookups keep finding the oldest
             // (`get_one_block`), and each keeps its hash until evicted.
             self.dups.entry(key).or_default().push(id);
-            self.blocks[id as usize].key = Some(key);
+            self.blocks[id as usize].set_key(key);
             return;
         }
         let old = std::mem::replace(&mut s.at[i], id);
@@ -306,12 +341,12 @@ impl BlockPool {
             }
         } else {
             let b = &mut self.blocks[old as usize];
-            b.key = None;
-            if b.in_queue {
+            b.take_key();
+            if b.in_queue() {
                 self.num_free_cached -= 1;
             }
         }
-        self.blocks[id as usize].key = Some(key);
+        self.blocks[id as usize].set_key(key);
     }
 
     /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
@@ -363,7 +398,7 @@ impl BlockPool {
             debug_assert!(block.ref_cnt > 0, "double free of block {id}");
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
-                if block.key.is_some() {
+                if block.has_key() {
                     self.num_free_cached += 1;
                 }
                 self.push_back(id);
@@ -383,7 +418,7 @@ impl BlockPool {
             debug_assert!(block.ref_cnt > 0, "double free of block {id}");
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
-                if block.key.is_some() {
+                if block.has_key() {
                     self.num_free_cached += 1;
                     self.push_back(id);
                 } else {
@@ -395,7 +430,7 @@ impl BlockPool {
             // Pushing to the front in table order leaves the tail block first.
             for &id in table {
                 let b = &self.blocks[id as usize];
-                if b.ref_cnt == 0 && !b.in_queue {
+                if b.ref_cnt == 0 && !b.in_queue() {
                     self.push_front(id);
                 }
             }
