@@ -391,8 +391,8 @@ fn cfg_slots(cfg: &EngineConfig) -> usize {
 pub fn cache_full_blocks(kv: &mut BlockPool, r: &mut Request, tokens: u32) {
     let bs = kv.block_size();
     let full = (tokens.min(r.known_tokens()) / bs).min(r.blocks.len() as u32);
-    for k in r.cached_blocks..full {
-        kv.cache_block(r.blocks[k as usize], r.path.key(k, bs));
+    if full > r.cached_blocks {
+        kv.cache_blocks(&r.blocks, &r.path, r.cached_blocks, full);
     }
     r.cached_blocks = r.cached_blocks.max(full);
 }

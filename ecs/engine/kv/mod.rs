@@ -34,7 +34,7 @@ pub type BlockId = u32;
 
 pub(crate) const NONE: u32 = u32::MAX;
 
-/// 24 bytes (an `Option<BlockKey>` and an `in_queue` flag would make it
+/// 20 bytes (an `Option<BlockKey>` and an `in_queue` flag would make it
 /// 40): the pools' blocks are read at random, and the smaller they are the
 /// more of them stay in cache.
 #[derive(Clone, Debug)]
@@ -44,54 +44,42 @@ struct Block {
     // the block is not in it.
     prev: u32,
     next: u32,
-    /// Its identity when cached: `key_index` NONE when it has none.
+    /// Its identity when cached: block `key_index` of the stream in slot
+    /// `key_slot` of the index; `key_index` NONE when it has none.
     key_index: u32,
-    key_stream: u64,
+    key_slot: u32,
 }
 
 /// `prev` of a block out of the free queue.
 pub(crate) const OUT: u32 = u32::MAX - 1;
 
 impl Block {
-    fn key(&self) -> Option<BlockKey> {
-        (self.key_index != NONE).then_some(BlockKey {
-            stream: self.key_stream,
-            index: self.key_index,
-        })
-    }
     fn has_key(&self) -> bool {
         self.key_index != NONE
-    }
-    fn set_key(&mut self, key: BlockKey) {
-        self.key_stream = key.stream;
-        self.key_index = key.index;
-    }
-    /// Takes its identity away, returning it.
-    fn take_key(&mut self) -> Option<BlockKey> {
-        let key = self.key();
-        self.key_index = NONE;
-        key
     }
     fn in_queue(&self) -> bool {
         self.prev != OUT
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Block>() == 24);
+const _: () = assert!(std::mem::size_of::<Block>() == 20);
 
-/// The prefix-cache index: per stream, the block holding each of its block
-/// indices (NONE where not cached), how many are cached, and how many lead
-/// without a gap (the stream's cached prefix, which the router asks for
-/// every candidate of every request). One hash lookup per operation, then
-/// an array walk.
+/// The prefix-cache index of one stream: the block holding each of its
+/// block indices (NONE where not cached), how many are cached, and how many
+/// lead without a gap (the stream's cached prefix, which the router asks
+/// for every candidate of every request).
 #[derive(Clone, Debug, Default)]
 struct StreamBlocks {
+    stream: u64,
     at: Vec<BlockId>,
     count: u32,
     leading: u32,
 }
 
-type StreamMap = HashMap<u64, StreamBlocks, BuildHasherDefault<KeyHasher>>;
+/// Each stream with a cached block has a slot of the index; the blocks
+/// name their stream's slot, so evicting one needs no hash lookup, and an
+/// operation on a request's blocks one per stream of its path.
+type SlotMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
 // A run's memory is estimated before it starts from this figure.
 const _: () = assert!(
@@ -104,7 +92,11 @@ const _: () = assert!(
 pub struct BlockPool {
     block_size: u32,
     blocks: Vec<Block>,
-    cached: StreamMap,
+    /// The prefix-cache index: a slot per cached stream, found by its id;
+    /// slots of streams no longer cached are reused.
+    slot_of: SlotMap,
+    slots: Vec<StreamBlocks>,
+    free_slots: Vec<u32>,
     head: u32,
     tail: u32,
     num_free: u32,
@@ -128,13 +120,15 @@ impl BlockPool {
                 prev: if i == 0 { NONE } else { i - 1 },
                 next: if i + 1 == num_blocks { NONE } else { i + 1 },
                 key_index: NONE,
-                key_stream: 0,
+                key_slot: NONE,
             })
             .collect();
         BlockPool {
             block_size,
             blocks,
-            cached: StreamMap::default(),
+            slot_of: SlotMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
             head: if num_blocks == 0 { NONE } else { 0 },
             tail: if num_blocks == 0 {
                 NONE
@@ -201,8 +195,35 @@ impl BlockPool {
     }
 
     fn lookup(&self, key: BlockKey) -> Option<BlockId> {
-        let s = self.cached.get(&key.stream)?;
+        let s = self.stream(key.stream)?;
         s.at.get(key.index as usize).copied().filter(|&b| b != NONE)
+    }
+
+    /// The index of `stream`, if it has a cached block.
+    fn stream(&self, stream: u64) -> Option<&StreamBlocks> {
+        self.slot_of.get(&stream).map(|&s| &self.slots[s as usize])
+    }
+
+    /// The slot of `stream`, given one if it has none.
+    fn slot_for(&mut self, stream: u64) -> u32 {
+        let slots = &mut self.slots;
+        let free_slots = &mut self.free_slots;
+        *self.slot_of.entry(stream).or_insert_with(|| {
+            let blocks = StreamBlocks {
+                stream,
+                ..Default::default()
+            };
+            match free_slots.pop() {
+                Some(s) => {
+                    slots[s as usize] = blocks;
+                    s
+                }
+                None => {
+                    slots.push(blocks);
+                    slots.len() as u32 - 1
+                }
+            }
+        })
     }
 
     pub fn ref_count(&self, id: BlockId) -> u32 {
@@ -211,7 +232,7 @@ impl BlockPool {
 
     /// The cached blocks of `stream` from its first one, without a gap.
     fn leading(&self, stream: u64) -> u32 {
-        self.cached.get(&stream).map_or(0, |s| {
+        self.stream(stream).map_or(0, |s| {
             debug_assert_eq!(
                 s.leading as usize,
                 s.at.iter().take_while(|&&b| b != NONE).count()
@@ -241,7 +262,7 @@ impl BlockPool {
     pub fn free_among_prefix(&self, path: &BlockPath, n: u32) -> u32 {
         path.runs(self.block_size, n)
             .map(|run| {
-                self.cached[&run.stream].at[..run.count as usize]
+                self.stream(run.stream).expect("a cached stream").at[..run.count as usize]
                     .iter()
                     .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
                     .count() as u32
@@ -264,14 +285,14 @@ impl BlockPool {
     /// must be cached) and appends them to `table`.
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
         for run in path.runs(self.block_size, n) {
-            // Borrow the stream's index out of the map while taking references.
-            let entry = self.cached.get_mut(&run.stream).expect("cached stream");
-            let at = std::mem::take(&mut entry.at);
+            // Borrow the stream's index out of its slot while taking references.
+            let slot = self.slot_of[&run.stream] as usize;
+            let at = std::mem::take(&mut self.slots[slot].at);
             for &id in &at[..run.count as usize] {
                 self.take_ref(id);
                 table.push(id);
             }
-            self.cached.get_mut(&run.stream).expect("cached stream").at = at;
+            self.slots[slot].at = at;
         }
     }
 
@@ -295,11 +316,14 @@ impl BlockPool {
         for _ in 0..n {
             let id = self.head;
             self.unlink(id);
-            if let Some(key) = self.blocks[id as usize].take_key() {
+            let b = &mut self.blocks[id as usize];
+            if b.has_key() {
+                let (slot, index) = (b.key_slot, b.key_index);
+                b.key_index = NONE;
                 if self.vllm {
-                    self.evict_vllm(id, key);
+                    self.evict_vllm(id, slot, index);
                 } else {
-                    self.uncache(key);
+                    self.uncache(slot, index);
                 }
                 self.num_free_cached -= 1;
             }
@@ -313,15 +337,34 @@ impl BlockPool {
     /// with the same content replaces the older one in the index, and the
     /// older one loses its identity (it can no longer be found).
     pub fn cache_block(&mut self, id: BlockId, key: BlockKey) {
-        if self.blocks[id as usize].key() == Some(key) {
+        let slot = self.slot_for(key.stream);
+        self.cache_in_slot(id, slot, key.index);
+    }
+
+    /// Registers blocks `from..to` of a request's `table` under their keys
+    /// along its `path`, as [`Self::cache_block`] one by one does (one slot
+    /// lookup per stream of the path).
+    pub fn cache_blocks(&mut self, table: &[BlockId], path: &BlockPath, from: u32, to: u32) {
+        for run in path.runs(self.block_size, to) {
+            let end = run.first + run.count;
+            if end <= from {
+                continue;
+            }
+            let slot = self.slot_for(run.stream);
+            for k in from.max(run.first)..end {
+                self.cache_in_slot(table[k as usize], slot, k - run.first);
+            }
+        }
+    }
+
+    fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
+        let b = &self.blocks[id as usize];
+        if b.key_index == index && b.key_slot == slot {
             return;
         }
-        debug_assert!(
-            !self.blocks[id as usize].has_key(),
-            "block {id} already cached"
-        );
-        let s = self.cached.entry(key.stream).or_default();
-        let i = key.index as usize;
+        debug_assert!(!b.has_key(), "block {id} already cached");
+        let s = &mut self.slots[slot as usize];
+        let i = index as usize;
         if s.at.len() <= i {
             s.at.resize(i + 1, NONE);
         }
@@ -329,36 +372,43 @@ impl BlockPool {
             // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with the
             // same hash joins the first; lookups keep finding the oldest
             // (`get_one_block`), and each keeps its hash until evicted.
+            let key = BlockKey {
+                stream: s.stream,
+                index,
+            };
             self.dups.entry(key).or_default().push(id);
-            self.blocks[id as usize].set_key(key);
-            return;
-        }
-        let old = std::mem::replace(&mut s.at[i], id);
-        if old == NONE {
-            s.count += 1;
-            while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
-                s.leading += 1;
-            }
         } else {
-            let b = &mut self.blocks[old as usize];
-            b.take_key();
-            if b.in_queue() {
-                self.num_free_cached -= 1;
+            let old = std::mem::replace(&mut s.at[i], id);
+            if old == NONE {
+                s.count += 1;
+                while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+                    s.leading += 1;
+                }
+            } else {
+                let b = &mut self.blocks[old as usize];
+                b.key_index = NONE;
+                if b.in_queue() {
+                    self.num_free_cached -= 1;
+                }
             }
         }
-        self.blocks[id as usize].set_key(key);
+        let b = &mut self.blocks[id as usize];
+        b.key_slot = slot;
+        b.key_index = index;
     }
 
     /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
-    /// `BlockHashToBlockMap.pop`): block `id` loses identity `key`; if other
-    /// blocks hold it, the oldest of them becomes the one lookups find.
-    fn evict_vllm(&mut self, id: BlockId, key: BlockKey) {
+    /// `BlockHashToBlockMap.pop`): block `id` loses identity (`slot`,
+    /// `index`); if other blocks hold it, the oldest of them becomes the one
+    /// lookups find.
+    fn evict_vllm(&mut self, id: BlockId, slot: u32, index: u32) {
+        let s = &mut self.slots[slot as usize];
+        let key = BlockKey {
+            stream: s.stream,
+            index,
+        };
         if let Some(dups) = self.dups.get_mut(&key) {
-            let at = &mut self
-                .cached
-                .get_mut(&key.stream)
-                .expect("a cached stream")
-                .at[key.index as usize];
+            let at = &mut s.at[index as usize];
             if *at == id {
                 *at = dups.remove(0);
             } else {
@@ -369,17 +419,20 @@ impl BlockPool {
             }
             return;
         }
-        self.uncache(key);
+        self.uncache(slot, index);
     }
 
-    /// Forgets the identity `key` (its block is being reused).
-    fn uncache(&mut self, key: BlockKey) {
-        let s = self.cached.get_mut(&key.stream).expect("a cached stream");
-        s.at[key.index as usize] = NONE;
+    /// Forgets block `index` of the stream in `slot` (its block is being
+    /// reused); a stream left with no cached block gives its slot back.
+    fn uncache(&mut self, slot: u32, index: u32) {
+        let s = &mut self.slots[slot as usize];
+        s.at[index as usize] = NONE;
         s.count -= 1;
-        s.leading = s.leading.min(key.index);
+        s.leading = s.leading.min(index);
         if s.count == 0 {
-            self.cached.remove(&key.stream);
+            self.slot_of.remove(&s.stream);
+            *s = StreamBlocks::default();
+            self.free_slots.push(slot);
         } else {
             while s.at.last() == Some(&NONE) {
                 s.at.pop();
