@@ -166,6 +166,8 @@ pub struct Engine {
     /// applied.
     itl_weights: Vec<u64>,
     run_requests: u64,
+    /// Scratch: the gaps of the run being recorded.
+    run_gaps: Vec<f64>,
     /// What a vLLM engine would export (`--prometheus`), when asked for.
     pub exported: Option<Box<Exported>>,
     /// Its steps, for a timeline, when asked for; and what the step in
@@ -210,6 +212,7 @@ impl Engine {
             itl: Vec::new(),
             itl_weights: Vec::new(),
             run_requests: 0,
+            run_gaps: Vec::new(),
             exported: None,
             slices: None,
             step_prompt_tokens: 0,

@@ -73,25 +73,32 @@ impl Engine {
     }
 
     /// The gaps between the run's step ends after the first, weighted by
-    /// the requests of each phase in it (the run ends at `end`).
+    /// the requests of each phase in it (the run ends at `end`). The gaps
+    /// are worked out once, then each histogram takes them in order.
     pub(crate) fn record_run_gaps(&mut self, repeat: u32, end: f64) {
+        let mut gaps = std::mem::take(&mut self.run_gaps);
+        gaps.clear();
         let mut t = self.step_start;
         for j in 0..repeat as u64 {
             let next = t + self.run_step_cost(j);
             if j > 0 {
-                for (p, &w) in self.itl_weights.iter().enumerate() {
-                    if w > 0 {
-                        phase_hist(&mut self.itl, p as u32).record_n(next - t, w);
-                    }
-                }
-                if let Some(x) = &mut self.exported {
-                    x.itl.record_n(next - t, self.run_requests);
-                }
+                gaps.push(next - t);
             }
             t = next;
         }
-        self.run_requests = 0;
         debug_assert_eq!(t, end, "the run ends where it was booked to");
+        for (p, &w) in self.itl_weights.iter().enumerate() {
+            if w > 0 {
+                phase_hist(&mut self.itl, p as u32).record_each_n(&gaps, w);
+            }
+        }
+        if let Some(x) = &mut self.exported {
+            for &gap in &gaps {
+                x.itl.record_n(gap, self.run_requests);
+            }
+        }
+        self.run_requests = 0;
+        self.run_gaps = gaps;
     }
 
     /// The step (or the run of `repeat` steps) that ended at `end`, as

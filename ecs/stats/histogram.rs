@@ -120,6 +120,47 @@ impl Histogram {
         }
     }
 
+    /// Records `n` values equal to each of `values`, in order: what
+    /// [`Self::record_n`] value by value does, the sums added in the same
+    /// order, with a stretch of values in one bucket counted once.
+    pub fn record_each_n(&mut self, values: &[f64], n: u64) {
+        if n == 0 {
+            return;
+        }
+        let w = n as f64;
+        let (mut bucket, mut pending) = (0i64, 0u64);
+        for &v in values {
+            debug_assert!(v.is_finite(), "histogram value {v}");
+            if !v.is_finite() {
+                continue;
+            }
+            if self.count == 0 {
+                self.min = v;
+                self.max = v;
+            } else {
+                self.min = self.min.min(v);
+                self.max = self.max.max(v);
+            }
+            self.count += n;
+            self.sum += v * w;
+            self.sum_sq += v * v * w;
+            if v <= 0.0 {
+                self.zeros += n;
+                continue;
+            }
+            let i = index(v);
+            if pending > 0 && i != bucket {
+                self.add_to_bucket(bucket, pending);
+                pending = 0;
+            }
+            bucket = i;
+            pending += n;
+        }
+        if pending > 0 {
+            self.add_to_bucket(bucket, pending);
+        }
+    }
+
     /// Adds every value of `other`.
     pub fn merge(&mut self, other: &Histogram) {
         if other.count == 0 {
@@ -262,6 +303,23 @@ mod tests {
             h.record(v);
         }
         h
+    }
+
+    #[test]
+    fn a_series_recorded_at_once_is_the_series_recorded_value_by_value() {
+        // Stretches in one bucket (0.0101, 0.01011), a bucket below the
+        // first, zeros, one far above, and a histogram that was not empty.
+        let values = [0.0101, 0.01011, 0.0101, 0.002, 0.0, 0.0, 7.5, 0.01011, 0.3];
+        let (mut one_by_one, mut at_once) = (of(&[0.05]), of(&[0.05]));
+        for &v in &values {
+            one_by_one.record_n(v, 3);
+        }
+        at_once.record_each_n(&values, 3);
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once.count(), 1 + 3 * values.len() as u64);
+        let mut empty = Histogram::new();
+        empty.record_each_n(&values, 0);
+        assert_eq!(empty, Histogram::new());
     }
 
     #[test]
