@@ -3,7 +3,28 @@
 
 use crate::engine::kv::{BlockId, BlockPool, NONE, OUT};
 
+/// Blocks taken out of the queue whose neighbours are not linked yet: the
+/// stretch between `front_prev` (towards the front) and `back_next`.
+pub(super) struct Stretch {
+    pub front_prev: BlockId,
+    pub back_next: BlockId,
+}
+
 impl BlockPool {
+    /// Links the two ends of a stretch cut out of the queue.
+    pub(super) fn cut(&mut self, s: Stretch) {
+        if s.front_prev == NONE {
+            self.head = s.back_next;
+        } else {
+            self.blocks[s.front_prev as usize].next = s.back_next;
+        }
+        if s.back_next == NONE {
+            self.tail = s.front_prev;
+        } else {
+            self.blocks[s.back_next as usize].prev = s.front_prev;
+        }
+    }
+
     pub(super) fn push_front(&mut self, id: BlockId) {
         let head = self.head;
         {

@@ -22,6 +22,7 @@ use std::hash::BuildHasherDefault;
 use crate::scenario::EngineSemantics;
 
 mod free_queue;
+use free_queue::Stretch;
 pub mod identity;
 
 pub use identity::{BlockKey, BlockPath, KeyHasher, Run, Segment};
@@ -283,27 +284,50 @@ impl BlockPool {
 
     /// Takes a reference on each of the first `n` blocks of `path` (which
     /// must be cached) and appends them to `table`.
+    ///
+    /// Free blocks among them leave the queue a stretch at a time: a
+    /// request's blocks are freed tail first, so a cached prefix usually
+    /// sits in the queue as one stretch, block 0 nearest the back; the
+    /// stretch is cut out with one relinking of its two ends instead of one
+    /// per block (the queue is the same).
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
+        let mut stretch: Option<Stretch> = None;
         for run in path.runs(self.block_size, n) {
-            // Borrow the stream's index out of its slot while taking references.
             let slot = self.slot_of[&run.stream] as usize;
-            let at = std::mem::take(&mut self.slots[slot].at);
-            for &id in &at[..run.count as usize] {
-                self.take_ref(id);
+            for k in 0..run.count as usize {
+                let id = self.slots[slot].at[k];
+                let b = &self.blocks[id as usize];
+                if b.in_queue() {
+                    let cached = b.has_key();
+                    match &mut stretch {
+                        // Just before the stretch's front: it grows.
+                        Some(s) if s.front_prev == id => s.front_prev = b.prev,
+                        _ => {
+                            if let Some(s) = stretch.take() {
+                                self.cut(s);
+                            }
+                            let b = &self.blocks[id as usize];
+                            stretch = Some(Stretch {
+                                front_prev: b.prev,
+                                back_next: b.next,
+                            });
+                        }
+                    }
+                    let b = &mut self.blocks[id as usize];
+                    b.prev = OUT;
+                    b.next = NONE;
+                    self.num_free -= 1;
+                    if cached {
+                        self.num_free_cached -= 1;
+                    }
+                }
+                self.blocks[id as usize].ref_cnt += 1;
                 table.push(id);
             }
-            self.slots[slot].at = at;
         }
-    }
-
-    fn take_ref(&mut self, id: BlockId) {
-        if self.blocks[id as usize].in_queue() {
-            self.unlink(id);
-            if self.blocks[id as usize].has_key() {
-                self.num_free_cached -= 1;
-            }
+        if let Some(s) = stretch {
+            self.cut(s);
         }
-        self.blocks[id as usize].ref_cnt += 1;
     }
 
     /// Allocates `n` blocks from the front of the free queue (evicting their
@@ -578,6 +602,44 @@ mod tests {
         pool.free(&other);
         assert_eq!(pool.ref_count(0), 1);
         assert_eq!(pool.num_free(), 2, "still held by the first table");
+    }
+
+    #[test]
+    fn a_hit_cuts_the_prefix_out_of_the_queue_stretch_by_stretch() {
+        // 6 blocks; A caches (1,0),(1,1),(1,2) in blocks 0, 1, 2 and frees
+        // them tail first: queue 3, 4, 5, 2, 1, 0.
+        let mut pool = BlockPool::new(6, 16);
+        let mut a = Vec::new();
+        pool.allocate(3, &mut a);
+        for (i, &b) in a.iter().enumerate() {
+            pool.cache_block(b, key(1, i as u32));
+        }
+        pool.free(&a);
+        // E hits block 0 alone (queue 3, 4, 5, 2, 1); G takes block 3 and
+        // frees it (4, 5, 2, 1, 3); E frees block 0 (4, 5, 2, 1, 3, 0).
+        let (mut e, mut g) = (Vec::new(), Vec::new());
+        pool.touch_prefix(&BlockPath::stream(1), 1, &mut e);
+        pool.allocate(1, &mut g);
+        pool.free(&g);
+        pool.free(&e);
+        assert_eq!(pool.free_queue(), vec![4, 5, 2, 1, 3, 0]);
+        // A hit on all three: block 0 is a stretch of its own (3 is
+        // between it and block 1), blocks 1 and 2 another.
+        let mut hit = Vec::new();
+        pool.touch_prefix(&BlockPath::stream(1), 3, &mut hit);
+        assert_eq!(hit, vec![0, 1, 2]);
+        assert_eq!(pool.free_queue(), vec![4, 5, 3]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 0));
+        // Freed again tail first, they join the back; a second holder of
+        // block 0 (held, not in the queue) leaves the queue alone.
+        pool.free(&hit);
+        assert_eq!(pool.free_queue(), vec![4, 5, 3, 2, 1, 0]);
+        let (mut h1, mut h2) = (Vec::new(), Vec::new());
+        pool.touch_prefix(&BlockPath::stream(1), 1, &mut h1);
+        pool.touch_prefix(&BlockPath::stream(1), 2, &mut h2);
+        assert_eq!(pool.free_queue(), vec![4, 5, 3, 2]);
+        assert_eq!((pool.ref_count(0), pool.ref_count(1)), (2, 1));
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (4, 1));
     }
 
     #[test]
