@@ -44,7 +44,10 @@
 //! at one instant are broken by (rank = the system above, insertion order).
 //!
 //! Custom systems (a metric, a fault) go in with
-//! [`Sim::add_systems`], ordered against these sets.
+//! [`Sim::add_systems`], ordered against these sets. A simulation without
+//! any runs the same systems in this order without the schedule's executor
+//! (an exact shortcut, see `schedule::DirectTick`); adding one puts every
+//! tick through the schedule, with the same results.
 //!
 //! | file | what |
 //! |---|---|
