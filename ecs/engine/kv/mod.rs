@@ -52,7 +52,7 @@ struct Block {
 }
 
 /// `prev` of a block out of the free queue.
-pub(crate) const OUT: u32 = u32::MAX - 1;
+const OUT: u32 = u32::MAX - 1;
 
 impl Block {
     fn has_key(&self) -> bool {
@@ -79,7 +79,7 @@ struct StreamBlocks {
 
 /// Each stream with a cached block has a slot of the index; the blocks
 /// name their stream's slot, so evicting one needs no hash lookup, and an
-/// operation on a request's blocks one per stream of its path.
+/// operation on a request's blocks needs one per stream of its path.
 type SlotMap = HashMap<u64, u32, BuildHasherDefault<KeyHasher>>;
 
 // A run's memory is estimated before it starts from this figure.
