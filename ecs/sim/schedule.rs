@@ -552,8 +552,8 @@ impl DirectTick {
                 system.check_change_tick(check);
             }
         }
-        for (due, system) in &mut self.systems {
-            if due(world) {
+        for (has_work, system) in &mut self.systems {
+            if has_work(world) {
                 system
                     .run((), world)
                     .expect("the built-in systems' parameters are in the world");

@@ -102,6 +102,16 @@ impl Histogram {
         if n == 0 || !v.is_finite() {
             return;
         }
+        self.add_moments(v, n);
+        if v <= 0.0 {
+            self.zeros += n;
+        } else {
+            self.add_to_bucket(index(v), n);
+        }
+    }
+
+    /// `n` more values `v` in the count, extremes and sums (not the buckets).
+    fn add_moments(&mut self, v: f64, n: u64) {
         if self.count == 0 {
             self.min = v;
             self.max = v;
@@ -113,11 +123,6 @@ impl Histogram {
         let w = n as f64;
         self.sum += v * w;
         self.sum_sq += v * v * w;
-        if v <= 0.0 {
-            self.zeros += n;
-        } else {
-            self.add_to_bucket(index(v), n);
-        }
     }
 
     /// Records `n` values equal to each of `values`, in order: what
@@ -127,23 +132,13 @@ impl Histogram {
         if n == 0 {
             return;
         }
-        let w = n as f64;
         let (mut bucket, mut pending) = (0i64, 0u64);
         for &v in values {
             debug_assert!(v.is_finite(), "histogram value {v}");
             if !v.is_finite() {
                 continue;
             }
-            if self.count == 0 {
-                self.min = v;
-                self.max = v;
-            } else {
-                self.min = self.min.min(v);
-                self.max = self.max.max(v);
-            }
-            self.count += n;
-            self.sum += v * w;
-            self.sum_sq += v * v * w;
+            self.add_moments(v, n);
             if v <= 0.0 {
                 self.zeros += n;
                 continue;

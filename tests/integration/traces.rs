@@ -151,6 +151,15 @@ fn a_later_turn_is_issued_delay_after_the_previous_one_finishes() {
     assert_close(done[&1].t0, 0.043 + 0.125, "turn 2 arrives, ×2");
 }
 
+/// Five Azure requests a second apart from t = 0: prompts of 10, 20, 30,
+/// 64 and 12 tokens, 3 output tokens each.
+const AZURE_FIVE: &str = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                          2023-11-16 18:15:46.0000000,10,3\n\
+                          2023-11-16 18:15:47.0000000,20,3\n\
+                          2023-11-16 18:15:48.0000000,30,3\n\
+                          2023-11-16 18:15:49.0000000,64,3\n\
+                          2023-11-16 18:15:50.0000000,12,3\n";
+
 /// An Azure trace: every request is counted — finished, refused as too long,
 /// or in flight at the horizon.
 #[test]
@@ -158,13 +167,7 @@ fn every_request_of_an_azure_trace_is_accounted_for() {
     // Five requests a second apart; the fourth (64 tokens) reaches
     // max_model_len = 64 and is refused; the fifth arrives at t = 4, 5 ms
     // before the horizon, and is still in flight there.
-    let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
-               2023-11-16 18:15:46.0000000,10,3\n\
-               2023-11-16 18:15:47.0000000,20,3\n\
-               2023-11-16 18:15:48.0000000,30,3\n\
-               2023-11-16 18:15:49.0000000,64,3\n\
-               2023-11-16 18:15:50.0000000,12,3\n";
-    let (done, report) = run(&trace_file("azure.csv", csv), "", &["horizon=4.005"]);
+    let (done, report) = run(&trace_file("azure.csv", AZURE_FIVE), "", &["horizon=4.005"]);
     assert_eq!(done.len(), 3);
     let t = report.trace.as_ref().expect("a trace summary");
     assert_eq!((t.format.as_str(), t.requests), ("Azure", 5));
@@ -273,13 +276,11 @@ fn an_infinite_horizon_serves_the_whole_trace_and_only_a_trace() {
     // is served (the fifth, 12 prompt tokens at t = 4: prefilled in one
     // step of max(10 ms, 12 ms), then 2 more tokens), and reports over
     // [0, that end].
-    let csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
-               2023-11-16 18:15:46.0000000,10,3\n\
-               2023-11-16 18:15:47.0000000,20,3\n\
-               2023-11-16 18:15:48.0000000,30,3\n\
-               2023-11-16 18:15:49.0000000,64,3\n\
-               2023-11-16 18:15:50.0000000,12,3\n";
-    let (done, report) = run(&trace_file("azure-inf.csv", csv), "", &["horizon=inf"]);
+    let (done, report) = run(
+        &trace_file("azure-inf.csv", AZURE_FIVE),
+        "",
+        &["horizon=inf"],
+    );
     assert_eq!(done.len(), 4, "every request but the refused one");
     assert!(
         report.horizon > 4.0 && report.horizon < 5.0,
