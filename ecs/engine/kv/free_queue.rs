@@ -1,7 +1,7 @@
 //! The LRU queue of free blocks: intrusive and doubly linked through the
 //! blocks themselves, so a hit on a free cached block leaves it in O(1).
 
-use crate::engine::kv::{BlockId, BlockPool, NONE, OUT};
+use crate::engine::kv::{Block, BlockId, BlockPool, NONE, OUT};
 
 /// Blocks taken out of the queue whose neighbours are not linked yet: the
 /// stretch between `front_prev` (towards the front) and `back_next`.
@@ -10,35 +10,59 @@ pub(super) struct Stretch {
     pub back_next: BlockId,
 }
 
-impl BlockPool {
-    /// Links the two ends of a stretch cut out of the queue.
-    pub(super) fn cut(&mut self, s: Stretch) {
+/// The ends of the queue and what it holds.
+#[derive(Clone, Debug)]
+pub(super) struct FreeQueue {
+    pub head: BlockId,
+    pub tail: BlockId,
+    /// Blocks in the queue (free or free cached): what allocation can take.
+    pub num_free: u32,
+    /// Free blocks that still carry an identity (evictable cache).
+    pub num_free_cached: u32,
+}
+
+impl FreeQueue {
+    /// A queue of blocks `0..n` in id order.
+    pub fn in_id_order(n: u32) -> FreeQueue {
+        FreeQueue {
+            head: if n == 0 { NONE } else { 0 },
+            tail: if n == 0 { NONE } else { n - 1 },
+            num_free: n,
+            num_free_cached: 0,
+        }
+    }
+
+    /// Links the two ends of a stretch cut out of the queue (a method of
+    /// the queue, not the pool, so a loop over the pool's index can call it).
+    pub fn cut(&mut self, blocks: &mut [Block], s: Stretch) {
         if s.front_prev == NONE {
             self.head = s.back_next;
         } else {
-            self.blocks[s.front_prev as usize].next = s.back_next;
+            blocks[s.front_prev as usize].next = s.back_next;
         }
         if s.back_next == NONE {
             self.tail = s.front_prev;
         } else {
-            self.blocks[s.back_next as usize].prev = s.front_prev;
+            blocks[s.back_next as usize].prev = s.front_prev;
         }
     }
+}
 
+impl BlockPool {
     pub(super) fn push_front(&mut self, id: BlockId) {
-        let head = self.head;
+        let head = self.queue.head;
         {
             let b = &mut self.blocks[id as usize];
             b.prev = NONE;
             b.next = head;
         }
         if head == NONE {
-            self.tail = id;
+            self.queue.tail = id;
         } else {
             self.blocks[head as usize].prev = id;
         }
-        self.head = id;
-        self.num_free += 1;
+        self.queue.head = id;
+        self.queue.num_free += 1;
     }
 
     pub(super) fn unlink(&mut self, id: BlockId) {
@@ -47,41 +71,41 @@ impl BlockPool {
             (b.prev, b.next)
         };
         if prev == NONE {
-            self.head = next;
+            self.queue.head = next;
         } else {
             self.blocks[prev as usize].next = next;
         }
         if next == NONE {
-            self.tail = prev;
+            self.queue.tail = prev;
         } else {
             self.blocks[next as usize].prev = prev;
         }
         let b = &mut self.blocks[id as usize];
         b.prev = OUT;
         b.next = NONE;
-        self.num_free -= 1;
+        self.queue.num_free -= 1;
     }
 
     pub(super) fn push_back(&mut self, id: BlockId) {
-        let tail = self.tail;
+        let tail = self.queue.tail;
         {
             let b = &mut self.blocks[id as usize];
             b.prev = tail;
             b.next = NONE;
         }
         if tail == NONE {
-            self.head = id;
+            self.queue.head = id;
         } else {
             self.blocks[tail as usize].next = id;
         }
-        self.tail = id;
-        self.num_free += 1;
+        self.queue.tail = id;
+        self.queue.num_free += 1;
     }
 
     /// The free queue from front (next evicted) to back, for tests.
     pub fn free_queue(&self) -> Vec<BlockId> {
         let mut out = Vec::new();
-        let mut id = self.head;
+        let mut id = self.queue.head;
         while id != NONE {
             out.push(id);
             id = self.blocks[id as usize].next;

@@ -22,7 +22,7 @@ use std::hash::BuildHasherDefault;
 use crate::scenario::EngineSemantics;
 
 mod free_queue;
-use free_queue::Stretch;
+use free_queue::{FreeQueue, Stretch};
 pub mod identity;
 
 pub use identity::{BlockKey, BlockPath, KeyHasher, Run, Segment};
@@ -39,7 +39,7 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// 40): the pools' blocks are read at random, and the smaller they are the
 /// more of them stay in cache.
 #[derive(Clone, Debug)]
-struct Block {
+pub(super) struct Block {
     ref_cnt: u32,
     // Intrusive doubly linked free queue: NONE at its ends, `prev` OUT when
     // the block is not in it.
@@ -98,11 +98,8 @@ pub struct BlockPool {
     slot_of: SlotMap,
     slots: Vec<StreamBlocks>,
     free_slots: Vec<u32>,
-    head: u32,
-    tail: u32,
-    num_free: u32,
-    /// Free blocks that still carry an identity (evictable cache).
-    num_free_cached: u32,
+    /// The LRU queue of free blocks, linked through `blocks`.
+    queue: FreeQueue,
     /// vLLM 0.33: unhashed blocks are freed to the front, and an identity may
     /// be held by several blocks (see the module docs).
     vllm: bool,
@@ -130,14 +127,7 @@ impl BlockPool {
             slot_of: SlotMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
-            head: if num_blocks == 0 { NONE } else { 0 },
-            tail: if num_blocks == 0 {
-                NONE
-            } else {
-                num_blocks - 1
-            },
-            num_free: num_blocks,
-            num_free_cached: 0,
+            queue: FreeQueue::in_id_order(num_blocks),
             vllm: false,
             dups: HashMap::default(),
         }
@@ -176,15 +166,15 @@ impl BlockPool {
     }
     /// Blocks in the free queue (free or free cached): what allocation can take.
     pub fn num_free(&self) -> u32 {
-        self.num_free
+        self.queue.num_free
     }
     /// Blocks some request or lease references.
     pub fn num_held(&self) -> u32 {
-        self.num_blocks() - self.num_free
+        self.num_blocks() - self.queue.num_free
     }
     /// Blocks that are free but still findable by the prefix cache.
     pub fn num_free_cached(&self) -> u32 {
-        self.num_free_cached
+        self.queue.num_free_cached
     }
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: u32) -> u32 {
@@ -279,7 +269,10 @@ impl BlockPool {
         hit_blocks: u32,
         new_blocks: u32,
     ) -> bool {
-        new_blocks + self.free_among_prefix(path, hit_blocks) <= self.num_free
+        // At most `hit_blocks` of the hit are free: when even that many
+        // leave room, counting them (a look at each block) is not needed.
+        new_blocks + hit_blocks <= self.queue.num_free
+            || new_blocks + self.free_among_prefix(path, hit_blocks) <= self.queue.num_free
     }
 
     /// Takes a reference on each of the first `n` blocks of `path` (which
@@ -291,42 +284,40 @@ impl BlockPool {
     /// stretch is cut out with one relinking of its two ends instead of one
     /// per block (the queue is the same).
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
+        table.reserve(n as usize);
         let mut stretch: Option<Stretch> = None;
         for run in path.runs(self.block_size, n) {
             let slot = self.slot_of[&run.stream] as usize;
-            for k in 0..run.count as usize {
-                let id = self.slots[slot].at[k];
-                let b = &self.blocks[id as usize];
+            let (queue, blocks) = (&mut self.queue, &mut self.blocks);
+            for &id in &self.slots[slot].at[..run.count as usize] {
+                let b = &mut blocks[id as usize];
                 if b.in_queue() {
-                    let cached = b.has_key();
                     match &mut stretch {
                         // Just before the stretch's front: it grows.
                         Some(s) if s.front_prev == id => s.front_prev = b.prev,
                         _ => {
-                            if let Some(s) = stretch.take() {
-                                self.cut(s);
-                            }
-                            let b = &self.blocks[id as usize];
-                            stretch = Some(Stretch {
+                            if let Some(s) = stretch.replace(Stretch {
                                 front_prev: b.prev,
                                 back_next: b.next,
-                            });
+                            }) {
+                                queue.cut(blocks, s);
+                            }
                         }
                     }
-                    let b = &mut self.blocks[id as usize];
+                    let b = &mut blocks[id as usize];
                     b.prev = OUT;
                     b.next = NONE;
-                    self.num_free -= 1;
-                    if cached {
-                        self.num_free_cached -= 1;
+                    queue.num_free -= 1;
+                    if b.has_key() {
+                        queue.num_free_cached -= 1;
                     }
                 }
-                self.blocks[id as usize].ref_cnt += 1;
+                blocks[id as usize].ref_cnt += 1;
                 table.push(id);
             }
         }
         if let Some(s) = stretch {
-            self.cut(s);
+            self.queue.cut(&mut self.blocks, s);
         }
     }
 
@@ -334,11 +325,11 @@ impl BlockPool {
     /// cached identities) and appends them to `table`. Returns false, changing
     /// nothing, when fewer than `n` blocks are free.
     pub fn allocate(&mut self, n: u32, table: &mut Vec<BlockId>) -> bool {
-        if n > self.num_free {
+        if n > self.queue.num_free {
             return false;
         }
         for _ in 0..n {
-            let id = self.head;
+            let id = self.queue.head;
             self.unlink(id);
             let b = &mut self.blocks[id as usize];
             if b.has_key() {
@@ -349,7 +340,7 @@ impl BlockPool {
                 } else {
                     self.uncache(slot, index);
                 }
-                self.num_free_cached -= 1;
+                self.queue.num_free_cached -= 1;
             }
             self.blocks[id as usize].ref_cnt = 1;
             table.push(id);
@@ -412,7 +403,7 @@ impl BlockPool {
                 let b = &mut self.blocks[old as usize];
                 b.key_index = NONE;
                 if b.in_queue() {
-                    self.num_free_cached -= 1;
+                    self.queue.num_free_cached -= 1;
                 }
             }
         }
@@ -476,7 +467,7 @@ impl BlockPool {
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
                 if block.has_key() {
-                    self.num_free_cached += 1;
+                    self.queue.num_free_cached += 1;
                 }
                 self.push_back(id);
             }
@@ -496,7 +487,7 @@ impl BlockPool {
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
                 if block.has_key() {
-                    self.num_free_cached += 1;
+                    self.queue.num_free_cached += 1;
                     self.push_back(id);
                 } else {
                     unhashed = true;
