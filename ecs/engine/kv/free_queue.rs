@@ -65,25 +65,21 @@ impl BlockPool {
         self.queue.num_free += 1;
     }
 
-    pub(super) fn unlink(&mut self, id: BlockId) {
-        let (prev, next) = {
-            let b = &self.blocks[id as usize];
-            (b.prev, b.next)
-        };
-        if prev == NONE {
-            self.queue.head = next;
-        } else {
-            self.blocks[prev as usize].next = next;
-        }
+    /// Takes the block at the front (the queue is not empty).
+    pub(super) fn pop_front(&mut self) -> BlockId {
+        let id = self.queue.head;
+        let next = self.blocks[id as usize].next;
+        self.queue.head = next;
         if next == NONE {
-            self.queue.tail = prev;
+            self.queue.tail = NONE;
         } else {
-            self.blocks[next as usize].prev = prev;
+            self.blocks[next as usize].prev = NONE;
         }
         let b = &mut self.blocks[id as usize];
         b.prev = OUT;
         b.next = NONE;
         self.queue.num_free -= 1;
+        id
     }
 
     pub(super) fn push_back(&mut self, id: BlockId) {

@@ -328,9 +328,9 @@ impl BlockPool {
         if n > self.queue.num_free {
             return false;
         }
+        table.reserve(n as usize);
         for _ in 0..n {
-            let id = self.queue.head;
-            self.unlink(id);
+            let id = self.pop_front();
             let b = &mut self.blocks[id as usize];
             if b.has_key() {
                 let (slot, index) = (b.key_slot, b.key_index);
