@@ -296,12 +296,16 @@ impl BlockPool {
                         // Just before the stretch's front: it grows.
                         Some(s) if s.front_prev == id => s.front_prev = b.prev,
                         _ => {
-                            if let Some(s) = stretch.replace(Stretch {
-                                front_prev: b.prev,
-                                back_next: b.next,
-                            }) {
+                            // The stretch before is cut first: this block
+                            // may be one of its ends' neighbours.
+                            if let Some(s) = stretch.take() {
                                 queue.cut(blocks, s);
                             }
+                            let b = &blocks[id as usize];
+                            stretch = Some(Stretch {
+                                front_prev: b.prev,
+                                back_next: b.next,
+                            });
                         }
                     }
                     let b = &mut blocks[id as usize];
@@ -631,6 +635,32 @@ mod tests {
         assert_eq!(pool.free_queue(), vec![4, 5, 3, 2]);
         assert_eq!((pool.ref_count(0), pool.ref_count(1)), (2, 1));
         assert_eq!((pool.num_free(), pool.num_free_cached()), (4, 1));
+    }
+
+    #[test]
+    fn a_hit_on_blocks_queued_front_to_back_cuts_each_stretch_after_the_last() {
+        // Blocks 0 and 1 cache (5,0) and (5,1) in two tables freed in that
+        // order: queue 2, 3, 0, 1 (block 0 before block 1, not behind it).
+        let mut pool = BlockPool::new(4, 16);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(1, &mut a);
+        pool.allocate(1, &mut b);
+        pool.cache_block(a[0], key(5, 0));
+        pool.cache_block(b[0], key(5, 1));
+        pool.free(&a);
+        pool.free(&b);
+        assert_eq!(pool.free_queue(), vec![2, 3, 0, 1]);
+        // Block 0 is a stretch, block 1 (its back neighbour) a second one:
+        // cutting the first relinks block 1, whose new front neighbour (3)
+        // the second cut must use.
+        let mut hit = Vec::new();
+        pool.touch_prefix(&BlockPath::stream(5), 2, &mut hit);
+        assert_eq!(hit, vec![0, 1]);
+        assert_eq!(pool.free_queue(), vec![2, 3]);
+        let mut c = Vec::new();
+        assert!(pool.allocate(2, &mut c));
+        assert_eq!(c, vec![2, 3]);
+        assert!(pool.free_queue().is_empty());
     }
 
     #[test]
