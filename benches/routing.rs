@@ -63,8 +63,8 @@ fn main() {
         "setup: policies of {} (release build), 2 candidate pods per profile",
         sc.source.display()
     );
-    // Each call routes a new request (as in a run: nothing is reused
-    // across requests).
+    // Each call routes a new request (a new id; the request's other
+    // properties and the pods stay the same).
     let mut id = 0;
     let mut next_req = || {
         id += 1;
@@ -84,20 +84,37 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
-    time("decide (decider)", n, || {
-        std::hint::black_box(p.decide(&next_req(), &decoders[0], None).unwrap());
-    });
-    time("decode profile (scorer ×2, picker)", n, || {
-        std::hint::black_box(p.choose(Role::Decode, &next_req(), &decoders).unwrap());
-    });
-    time("prefill profile (filter, scorer ×2, picker)", n, || {
-        std::hint::black_box(p.choose(Role::Prefill, &next_req(), &prefillers).unwrap());
-    });
-    // As the router runs them: decode profile, decider, prefill profile.
-    time("a remote decision (all three)", n, || {
-        let req = next_req();
-        let j = p.choose(Role::Decode, &req, &decoders).unwrap();
-        assert!(p.decide(&req, &decoders[j], None).unwrap());
-        std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
-    });
+    // The same pods every call: a pure hook's answer is remembered after
+    // the first (an exact shortcut, router/policy/memo.rs), so the first
+    // round is the host's cost; the second runs every script on every call.
+    for remembered in [true, false] {
+        if !remembered {
+            p.forget_answers();
+        }
+        println!(
+            "{}",
+            if remembered {
+                "answers of pure hooks remembered (the same pods every call):"
+            } else {
+                "every hook run on every call (the scripts' own cost):"
+            }
+        );
+        time("decide (decider)", n, || {
+            std::hint::black_box(p.decide(&next_req(), &decoders[0], None).unwrap());
+        });
+        time("decode profile (scorer, picker)", n, || {
+            std::hint::black_box(p.choose(Role::Decode, &next_req(), &decoders).unwrap());
+        });
+        time("prefill profile (filter, scorer ×2, picker)", n, || {
+            std::hint::black_box(p.choose(Role::Prefill, &next_req(), &prefillers).unwrap());
+        });
+        // As the router runs them: decode profile, decider, prefill profile.
+        time("a remote decision (all three)", n, || {
+            let req = next_req();
+            let j = p.choose(Role::Decode, &req, &decoders).unwrap();
+            assert!(p.decide(&req, &decoders[j], None).unwrap());
+            std::hint::black_box(p.choose(Role::Prefill, &req, &prefillers).unwrap());
+        });
+    }
+    println!("(a run's own mix of repeats: `cargo bench --bench reference`, its routing line)");
 }

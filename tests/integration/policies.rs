@@ -782,3 +782,56 @@ fn a_plugins_state_starts_as_its_top_level_leaves_it() {
     assert_eq!(picks, vec![0, 1, 2]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn remembering_pure_hooks_answers_changes_no_number_of_a_run() {
+    // Hooks that read only their arguments have their answers remembered
+    // by what they read (an exact shortcut): a run with every hook run on
+    // every call must report the same numbers, on the reference policies,
+    // on the router's own bookkeeping as the source, and with a random
+    // tie-break (not remembered).
+    use pdsim::router::{Router, RouterMode};
+    use pdsim::sim::Sim;
+    let cases: [(&str, &[&str]); 4] = [
+        ("scenarios/llmd_nixl_pull.ron", &["horizon=600"]),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            &[
+                "horizon=400",
+                "router.decider.params.source=router",
+                "router.decode.scorers.0.params.source=router",
+                "router.prefill.scorers.0.params.source=router",
+            ],
+        ),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            &["horizon=400", "router.decode.picker.params.ties=random"],
+        ),
+        (
+            "scenarios/llmd_guide_8p2d.ron",
+            &["horizon=300", "warmup=50"],
+        ),
+    ];
+    for (path, sets) in cases {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let sc = scenario::load(Path::new(path), &sets).unwrap();
+        let mut remembering = Sim::new(&sc).unwrap();
+        let mut plain = Sim::new(&sc).unwrap();
+        if let RouterMode::Scripts(p) = &plain.world.non_send::<Router>().mode {
+            p.forget_answers();
+        }
+        let a = remembering.run().unwrap();
+        let b = plain.run().unwrap();
+        assert_eq!(a.to_json(), b.to_json(), "{path} {sets:?}");
+        // The shortcut was taken: the decode scorer's answers repeat.
+        let RouterMode::Scripts(p) = &remembering.world.non_send::<Router>().mode else {
+            panic!("scripts route")
+        };
+        assert!(p.decode.scorers[0].remembers(), "{path} {sets:?}");
+        assert!(
+            a.routing_decisions > 500,
+            "{path}: {} decisions",
+            a.routing_decisions
+        );
+    }
+}

@@ -24,6 +24,7 @@
 //! | [`views`] | what a script sees of the request and of each pod |
 //! | [`plugin`] | one plugin: its script compiled, its hook, `params`, `state` |
 //! | [`checks`] | what is refused at load, and how script errors read |
+//! | [`memo`] | answers of pure hooks, remembered by what they read |
 
 use rhai::{Array, Dynamic, Engine};
 use std::path::Path;
@@ -33,10 +34,12 @@ use crate::error::Result;
 use crate::scenario;
 
 pub mod checks;
+mod memo;
 pub mod plugin;
 pub mod sandbox;
 pub mod views;
 
+use plugin::Inputs;
 pub use plugin::{Hook, Plugin};
 pub use views::{PodView, ReqView};
 
@@ -69,6 +72,14 @@ pub struct Policies {
 }
 
 impl Profile {
+    /// Its filters, scorers and picker, in the order they run.
+    pub fn plugins(&self) -> impl Iterator<Item = &Plugin> {
+        self.filters
+            .iter()
+            .chain(&self.scorers)
+            .chain(std::iter::once(&self.picker))
+    }
+
     fn load(engine: &Engine, p: &scenario::Profile) -> Result<Profile> {
         Ok(Profile {
             filters: p
@@ -130,6 +141,19 @@ impl Policies {
         Ok(())
     }
 
+    /// Every plugin, the decider first.
+    pub fn plugins(&self) -> impl Iterator<Item = &Plugin> {
+        std::iter::once(&self.decider)
+            .chain(self.decode.plugins())
+            .chain(self.prefill.plugins())
+    }
+
+    /// Every hook runs on every call from now on: no answer of a pure hook
+    /// is remembered ([`memo`]).
+    pub fn forget_answers(&self) {
+        self.plugins().for_each(Plugin::forget_answers);
+    }
+
     /// The request as a script value, made once per decision: the decode
     /// profile, the decider and the prefill profile share it.
     fn req_arg(&mut self, req: &ReqView) -> Dynamic {
@@ -163,7 +187,14 @@ impl Policies {
                 let pods: Array = pods.iter().map(|p| Dynamic::from(p.clone())).collect();
                 d.call(&self.engine, (req_arg, pod.clone(), pods), req)?
             }
-            _ => d.call(&self.engine, (req_arg, pod.clone()), req)?,
+            _ => {
+                let inputs = Inputs {
+                    pods: std::slice::from_ref(pod),
+                    candidates: &[0],
+                    scores: &[],
+                };
+                d.call_on(&self.engine, inputs, || (req_arg, pod.clone()), req)?
+            }
         };
         out.as_bool().map_err(|t| {
             d.error(
@@ -281,11 +312,13 @@ impl Policies {
                 Ok(())
             };
             if s.hook == Hook::ScoreAll {
-                let out = s.call(
-                    &self.engine,
-                    (req_arg.clone(), array_of(candidates, &self.pod_args)),
-                    req,
-                )?;
+                let inputs = Inputs {
+                    pods,
+                    candidates,
+                    scores: &[],
+                };
+                let args = || (req_arg.clone(), array_of(candidates, &self.pod_args));
+                let out = s.call_on(&self.engine, inputs, args, req)?;
                 let arr = out.try_cast::<Array>().ok_or_else(|| {
                     s.error(
                         "`score_all` must return an array with one number per pod",
@@ -308,9 +341,14 @@ impl Policies {
                     add(k, v, &mut self.scores)?;
                 }
             } else {
-                for (k, &pod) in candidates.iter().enumerate() {
-                    let args = (req_arg.clone(), self.pod_args[pod].clone());
-                    let out = s.call(&self.engine, args, req)?;
+                for (k, pod) in candidates.iter().enumerate() {
+                    let inputs = Inputs {
+                        pods,
+                        candidates: std::slice::from_ref(pod),
+                        scores: &[],
+                    };
+                    let args = || (req_arg.clone(), self.pod_args[*pod].clone());
+                    let out = s.call_on(&self.engine, inputs, args, req)?;
                     add(k, &out, &mut self.scores)?;
                 }
             }
@@ -336,17 +374,21 @@ impl Policies {
                 req,
             ));
         }
-        let scores: Array = self
-            .scores
-            .iter()
-            .map(|&v| Dynamic::from_float(v))
-            .collect();
         let p = &profile.picker;
-        let out = p.call(
-            &self.engine,
-            (req_arg, array_of(candidates, &self.pod_args), scores),
-            req,
-        )?;
+        let inputs = Inputs {
+            pods,
+            candidates,
+            scores: &self.scores,
+        };
+        let args = || {
+            let scores: Array = self
+                .scores
+                .iter()
+                .map(|&v| Dynamic::from_float(v))
+                .collect();
+            (req_arg, array_of(candidates, &self.pod_args), scores)
+        };
+        let out = p.call_on(&self.engine, inputs, args, req)?;
         let idx = out.as_int().map_err(|t| {
             p.error(
                 &format!("`pick` must return an int index, it returned {t}"),

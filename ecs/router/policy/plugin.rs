@@ -11,6 +11,7 @@ use crate::router::policy::ReqView;
 use crate::router::policy::checks::{
     check_given_params, check_length, check_params_use, check_properties, describe, error_line,
 };
+use crate::router::policy::memo::{self, Memo};
 use crate::scenario::ParamValue;
 
 /// Which hook a plugin provides.
@@ -75,7 +76,17 @@ pub struct Plugin {
     /// Line of the hook's definition (for errors found after it returned).
     hook_line: Option<usize>,
     runtime: RefCell<Runtime>,
+    /// The answers remembered when the hook is pure (see [`memo`]).
+    memo: RefCell<Option<Memo>>,
     pub weight: f64,
+}
+
+/// What a hook is called on, for remembering its answer: the candidate
+/// pods (positions in `pods`), and the scores (a picker's).
+pub(crate) struct Inputs<'a> {
+    pub pods: &'a [crate::router::policy::PodView],
+    pub candidates: &'a [usize],
+    pub scores: &'a [f64],
 }
 
 /// A plugin's rhai runtime, kept from call to call: its functions and tag
@@ -284,12 +295,16 @@ impl Plugin {
             arg_names,
         };
         check_properties(&runtime.body, hook, &runtime.arg_names, path)?;
+        let memo = memo::pure_reads(&runtime.body, hook, &runtime.arg_names)
+            .filter(|_| !memo::redefines_pure_function(&ast))
+            .map(Memo::new);
         Ok(Plugin {
             path: path.to_string(),
             arity: runtime.arg_names.len(),
             hook,
             hook_line: definition_line(&text, hook.name()),
             runtime: RefCell::new(runtime),
+            memo: RefCell::new(memo),
             weight,
         })
     }
@@ -328,6 +343,45 @@ impl Plugin {
             }
             Err(_) => Err(self.error("the script interpreter failed (rhai panicked)", None, req)),
         }
+    }
+
+    /// The hook's answer on `inputs`: the remembered one when the hook is
+    /// pure and answered the same inputs before, else computed from `args`
+    /// (built only then).
+    pub(crate) fn call_on<A: rhai::FuncArgs>(
+        &self,
+        engine: &Engine,
+        inputs: Inputs,
+        args: impl FnOnce() -> A,
+        req: &ReqView,
+    ) -> Result<Dynamic> {
+        let mut slot = self.memo.borrow_mut();
+        let Some(memo) = slot.as_mut() else {
+            return self.call(engine, args(), req);
+        };
+        if !memo.active() {
+            *slot = None; // its inputs seldom repeat: forget the answers
+            return self.call(engine, args(), req);
+        }
+        let pods = inputs.candidates.iter().map(|&i| &inputs.pods[i]);
+        if let Some(answer) = memo.look_up(req, pods, inputs.scores) {
+            return Ok(answer);
+        }
+        let answer = self.call(engine, args(), req)?;
+        memo.remember(&answer);
+        Ok(answer)
+    }
+
+    /// Whether the hook's answers are remembered (it is pure, and its
+    /// inputs repeat).
+    pub fn remembers(&self) -> bool {
+        self.memo.borrow().is_some()
+    }
+
+    /// From now on the hook runs on every call (to measure the scripts, or
+    /// to check that remembering changes nothing).
+    pub fn forget_answers(&self) {
+        *self.memo.borrow_mut() = None;
     }
 
     /// An error naming the script, the hook, the line and the request. For
