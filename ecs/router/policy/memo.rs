@@ -18,6 +18,9 @@
 
 use rhai::{AST, ASTNode, Dynamic, Expr, ImmutableString, Stmt};
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use crate::engine::kv::KeyHasher;
 
 use crate::router::policy::Hook;
 use crate::router::policy::views::{PodView, ReqView};
@@ -375,7 +378,9 @@ const MAX_ANSWERS: usize = 1 << 14;
 /// The remembered answers of one pure hook.
 pub(crate) struct Memo {
     reads: Reads,
-    answers: HashMap<Box<[u64]>, Dynamic>,
+    /// Keyed with the pools' multiply-rotate hash (the keys are few small
+    /// numbers; no adversary picks them).
+    answers: HashMap<Box<[u64]>, Dynamic, BuildHasherDefault<KeyHasher>>,
     key: Vec<u64>,
     /// Whether the last look-up's key is complete.
     keyed: bool,
@@ -387,7 +392,7 @@ impl Memo {
     pub(crate) fn new(reads: Reads) -> Memo {
         Memo {
             reads,
-            answers: HashMap::new(),
+            answers: HashMap::default(),
             key: Vec::new(),
             keyed: false,
             calls: 0,
@@ -469,6 +474,42 @@ mod tests {
 
     fn catalogue(name: &str) -> String {
         std::fs::read_to_string(format!("scripts/{name}.rhai")).unwrap()
+    }
+
+    #[test]
+    fn every_property_a_script_may_read_has_its_bits_in_the_key() {
+        use crate::router::policy::views::{POD_PROPERTIES, REQ_PROPERTIES};
+        for p in REQ_PROPERTIES {
+            assert!(req_field(p).is_some(), "request property {p}");
+        }
+        // Each pod field keys its own value: a view with every field set to
+        // a distinct number gives distinct bits.
+        let pod = PodView {
+            role: "decode".into(),
+            index: 1,
+            active: 2,
+            running: 3,
+            queued: 4,
+            parked: 5,
+            prompt_backlog: 6,
+            kv_capacity: 7,
+            kv_held: 8,
+            kv_free_cached: 9,
+            cached_tokens: 10,
+            max_num_seqs: 11,
+            nic_flows: 12,
+            nic_capacity: 13.0,
+            nic_rate: 14.0,
+            router_requests: 15,
+            router_tokens: 16,
+            router_cached_tokens: 17,
+        };
+        let bits: std::collections::HashSet<u64> = POD_PROPERTIES
+            .iter()
+            .map(|p| pod_field(p).unwrap_or_else(|| panic!("pod property {p}"))(&pod))
+            .collect();
+        assert_eq!(bits.len(), POD_PROPERTIES.len());
+        assert_ne!(role_bits(&"decode".into()), role_bits(&"prefill".into()));
     }
 
     #[test]
