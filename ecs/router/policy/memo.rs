@@ -385,7 +385,7 @@ pub(crate) struct Memo {
     /// Whether the last look-up's key is complete.
     keyed: bool,
     calls: u64,
-    repeats: u64,
+    pub(crate) repeats: u64,
 }
 
 impl Memo {
@@ -608,79 +608,84 @@ mod answers {
 
     #[test]
     fn a_remembered_answer_is_the_answer_the_script_gives() {
-        // A score_all that reads two pod properties (one through an index)
-        // and one of the request: over inputs drawn from a few values, the
-        // remembered answers must be the script's own, whatever the
-        // properties it does not read.
-        let script = "fn score_all(req, pods) {
-            let s = [];
-            for i in 0..pods.len() { s.push(pods[i].running * 10 + req.turn); }
-            let k = 0;
-            for p in pods { s[k] = s[k] - p.active.to_float() / 3.0; k += 1; }
-            s
-        }";
-        let path =
-            std::env::temp_dir().join(format!("pdsim-memo-answers-{}.rhai", std::process::id()));
-        std::fs::write(&path, script).unwrap();
+        // score_all hooks reading pod properties directly, through an index
+        // computed from another property or from the request, in a while
+        // loop, by role: over inputs drawn from a few values, each
+        // remembered answer must be the script's own, whatever the
+        // properties the hook does not read.
+        let scripts = [
+            "let s = [];
+             for i in 0..pods.len() { s.push(pods[i].running * 10 + req.turn); }
+             let k = 0;
+             for p in pods { s[k] = s[k] - p.active.to_float() / 3.0; k += 1; }
+             s",
+            "let s = []; for p in pods { s.push(pods[p.index % pods.len()].queued % 3); } s",
+            "let s = []; for i in 0..pods.len() { s.push(pods[req.turn % pods.len()].active); } s",
+            "let s = []; let j = 0;
+             while j < pods.len() {
+                 s.push(if pods[j].role == \"decode\" { 1.0 } else { pods[j].running.to_float() });
+                 j += 1;
+             }
+             s",
+        ];
         let engine = sandbox::new_engine(1, None, &Default::default()).unwrap();
-        let load = || {
-            Plugin::load(
-                &engine,
-                path.to_str().unwrap(),
-                Hook::Score,
-                &Default::default(),
-                1.0,
-            )
-            .unwrap()
-        };
-        let (remembering, plain) = (load(), load());
-        plain.forget_answers();
-        assert!(remembering.remembers());
-        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
-        let mut repeats = 0;
-        let mut seen = std::collections::HashSet::new();
-        for id in 0..2000 {
-            let req = ReqView {
-                id,
-                turn: rng.random_range(0..2),
-                prompt_tokens: rng.random_range(0..1000),
-                ..Default::default()
+        for (n, body) in scripts.iter().enumerate() {
+            let path = std::env::temp_dir().join(format!(
+                "pdsim-memo-answers-{}-{n}.rhai",
+                std::process::id()
+            ));
+            std::fs::write(&path, format!("fn score_all(req, pods) {{ {body} }}")).unwrap();
+            let load = || {
+                let path = path.to_str().unwrap();
+                Plugin::load(&engine, path, Hook::Score, &Default::default(), 1.0).unwrap()
             };
-            let pods: Vec<PodView> = (0..3)
-                .map(|index| PodView {
-                    index,
-                    running: rng.random_range(0..2),
-                    active: rng.random_range(0..2),
-                    queued: rng.random_range(0..1000),
+            let (remembering, plain) = (load(), load());
+            plain.forget_answers();
+            assert!(remembering.remembers(), "script {n} is pure");
+            let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
+            for id in 0..3000 {
+                let req = ReqView {
+                    id,
+                    turn: rng.random_range(0..3),
+                    prompt_tokens: rng.random_range(0..1000),
                     ..Default::default()
-                })
-                .collect();
-            let candidates: Vec<usize> = (0..rng.random_range(1..=3)).collect();
-            let inputs = || Inputs {
-                pods: &pods,
-                candidates: &candidates,
-                scores: &[],
-            };
-            let args = || {
-                let arr: rhai::Array = candidates
-                    .iter()
-                    .map(|&i| Dynamic::from(pods[i].clone()))
+                };
+                let pods: Vec<PodView> = (0..3)
+                    .map(|_| PodView {
+                        role: if rng.random_range(0..2) == 0 {
+                            "decode"
+                        } else {
+                            "prefill"
+                        }
+                        .into(),
+                        index: rng.random_range(0..3),
+                        running: rng.random_range(0..2),
+                        active: rng.random_range(0..2),
+                        queued: rng.random_range(0..4),
+                        prompt_backlog: rng.random_range(0..1000),
+                        ..Default::default()
+                    })
                     .collect();
-                (Dynamic::from(req.clone()), arr)
-            };
-            let a = remembering.call_on(&engine, inputs(), args, &req).unwrap();
-            let b = plain.call_on(&engine, inputs(), args, &req).unwrap();
-            assert_eq!(format!("{a:?}"), format!("{b:?}"), "call {id}");
-            let key: Vec<i64> = candidates
-                .iter()
-                .flat_map(|&i| [pods[i].running, pods[i].active])
-                .chain([req.turn])
-                .collect();
-            if !seen.insert(key) {
-                repeats += 1;
+                let candidates: Vec<usize> = (0..rng.random_range(1..=3)).collect();
+                let inputs = || Inputs {
+                    pods: &pods,
+                    candidates: &candidates,
+                    scores: &[],
+                };
+                let args = || {
+                    let arr: rhai::Array = candidates
+                        .iter()
+                        .map(|&i| Dynamic::from(pods[i].clone()))
+                        .collect();
+                    (Dynamic::from(req.clone()), arr)
+                };
+                let a = remembering.call_on(&engine, inputs(), args, &req).unwrap();
+                let b = plain.call_on(&engine, inputs(), args, &req).unwrap();
+                assert_eq!(format!("{a:?}"), format!("{b:?}"), "script {n}, call {id}");
             }
+            let memo = remembering.memo.borrow();
+            let memo = memo.as_ref().expect("its inputs repeat");
+            assert!(memo.repeats > 1000, "script {n}: {} repeats", memo.repeats);
         }
-        assert!(remembering.remembers(), "its inputs repeat");
-        assert!(repeats > 1500, "{repeats} repeated inputs");
     }
 }

@@ -77,7 +77,7 @@ pub struct Plugin {
     hook_line: Option<usize>,
     runtime: RefCell<Runtime>,
     /// The answers remembered when the hook is pure (see [`memo`]).
-    memo: RefCell<Option<Memo>>,
+    pub(crate) memo: RefCell<Option<Memo>>,
     pub weight: f64,
 }
 
