@@ -372,8 +372,8 @@ impl Plugin {
         Ok(answer)
     }
 
-    /// Whether the hook's answers are remembered (it is pure, and its
-    /// inputs repeat).
+    /// Whether the hook's answers are remembered: it is pure, and its
+    /// inputs have not turned out to seldom repeat (see [`memo::TRIAL`]).
     pub fn remembers(&self) -> bool {
         self.memo.borrow().is_some()
     }
