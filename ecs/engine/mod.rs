@@ -116,6 +116,9 @@ pub struct Engine {
     pub cost: StepTime,
     /// The costs of the run in progress, step by step (physical models).
     run_costs: Vec<f64>,
+    /// When each step of the run in progress ends, worked out once when
+    /// the run is booked (`t += cost` step by step, as stepping would).
+    run_ends: Vec<f64>,
     /// Running requests in admission order (each holds a slot).
     pub running: Vec<Entity>,
     /// New and preempted requests (preempted ones at the front).
@@ -188,6 +191,7 @@ impl Engine {
             cfg,
             cost,
             run_costs: Vec::new(),
+            run_ends: Vec::new(),
             running: Vec::with_capacity(slots),
             waiting: VecDeque::new(),
             ready: VecDeque::new(),

@@ -78,15 +78,14 @@ impl Engine {
     pub(crate) fn record_run_gaps(&mut self, repeat: u32, end: f64) {
         let mut gaps = std::mem::take(&mut self.run_gaps);
         gaps.clear();
-        let mut t = self.step_start;
-        for j in 0..repeat as u64 {
-            let next = t + self.run_step_cost(j);
-            if j > 0 {
-                gaps.push(next - t);
-            }
-            t = next;
-        }
-        debug_assert_eq!(t, end, "the run ends where it was booked to");
+        // (`repeat` is the run's: finish_step has reset the engine's.)
+        let ends = &self.run_ends[..repeat as usize];
+        gaps.extend(ends.windows(2).map(|w| w[1] - w[0]));
+        debug_assert_eq!(
+            ends.last(),
+            Some(&end),
+            "the run ends where it was booked to"
+        );
         for (p, &w) in self.itl_weights.iter().enumerate() {
             if w > 0 {
                 phase_hist(&mut self.itl, p as u32).record_each_n(&gaps, w);
@@ -106,12 +105,8 @@ impl Engine {
     pub(crate) fn record_slices(&mut self, repeat: u32, end: f64) {
         let total: u32 = self.step.iter().map(|s| s.1).sum();
         let mut t = self.step_start;
-        for j in 0..repeat as u64 {
-            let next = if repeat == 1 {
-                end
-            } else {
-                t + self.run_step_cost(j)
-            };
+        for j in 0..repeat as usize {
+            let next = if repeat == 1 { end } else { self.run_ends[j] };
             let slices = self.slices.as_mut().expect("asked for");
             let (a, b) = slices.window;
             if next >= a && t <= b {

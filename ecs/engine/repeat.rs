@@ -38,14 +38,28 @@ impl Engine {
         repeat
     }
 
-    /// End time of the `k`-th step of the run that started at `step_start`,
-    /// computed exactly as step-by-step simulation would.
-    pub(crate) fn run_boundary(&self, k: u32) -> f64 {
+    /// Works out when each step of the run just booked ends, exactly as
+    /// step-by-step simulation would (`t += cost`); returns the run's end.
+    pub(crate) fn book_run_ends(&mut self) -> f64 {
+        let mut ends = std::mem::take(&mut self.run_ends);
+        ends.clear();
         let mut t = self.step_start;
-        for j in 0..k as u64 {
+        for j in 0..self.repeat as u64 {
             t += self.run_step_cost(j);
+            ends.push(t);
         }
+        self.run_ends = ends;
         t
+    }
+
+    /// The step ends of the run in progress (its first `repeat` steps).
+    pub(crate) fn run_ends(&self) -> &[f64] {
+        &self.run_ends[..self.repeat as usize]
+    }
+
+    /// End time of the `k`-th step (from 1) of the run in progress.
+    pub(crate) fn run_boundary(&self, k: u32) -> f64 {
+        self.run_ends[k as usize - 1]
     }
 
     /// Something reached the engine at `now` during a run of repeated steps:
@@ -55,21 +69,15 @@ impl Engine {
         if self.repeat <= 1 || self.busy_until.is_none() {
             return None;
         }
-        let mut t = self.step_start;
-        for j in 0..self.repeat as u64 {
-            t += self.run_step_cost(j);
-            if t >= now {
-                let k = j as u32 + 1;
-                if k == self.repeat {
-                    return None;
-                }
-                self.repeat = k;
-                self.busy_until = Some(t);
-                self.generation += 1;
-                return Some(t);
-            }
+        let k = self.run_ends().iter().position(|&t| t >= now)? as u32 + 1;
+        if k == self.repeat {
+            return None;
         }
-        None
+        self.repeat = k;
+        let t = self.run_boundary(k);
+        self.busy_until = Some(t);
+        self.generation += 1;
+        Some(t)
     }
 }
 
@@ -88,19 +96,13 @@ impl Engine {
         if self.repeat <= 1 || end <= horizon {
             return;
         }
-        let (mut t, mut k) = (self.step_start, 0);
-        for j in 0..self.repeat as u64 {
-            let next = t + self.run_step_cost(j);
-            if next > horizon {
-                break;
-            }
-            t = next;
-            k += 1;
-        }
+        let ends = self.run_ends();
+        let k = ends.iter().position(|&t| t > horizon).unwrap_or(ends.len()) as u32;
         if k == 0 {
             return;
         }
         self.repeat = k;
+        let t = self.run_boundary(k);
         self.busy_until = Some(t);
         self.finish_step(t, kv, reqs, log);
     }

@@ -29,7 +29,7 @@ impl Engine {
             if repeat > 1 {
                 self.book_run_costs(repeat, reqs);
                 self.repeat = repeat;
-                end = self.run_boundary(repeat);
+                end = self.book_run_ends();
             }
         }
         self.busy_until = Some(end);
