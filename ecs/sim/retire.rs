@@ -107,7 +107,10 @@ pub fn fail_system(
         }
         let index = |e: Option<Entity>| e.map(|e| engines.get(e).expect("engine").index);
         let (p, d, prompt) = (index(r.prefiller), index(r.decoder), r.prompt);
+        // A prefill leg is released from the router's books once: when its
+        // prefiller answers (the sidecar, which stamps `t1`), or here.
         if r.leg == Leg::Prefill
+            && r.t1.is_none()
             && let Some(p) = p
         {
             router.book.prefill_answered(p, prompt);

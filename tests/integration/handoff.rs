@@ -431,3 +431,38 @@ fn a_booking_not_granted_before_the_prefill_ends_keeps_the_lease_until_it_is() {
     );
     assert_eq!(out.at(2.0).p_held_blocks, 10, "the prefiller holds the KV");
 }
+
+#[test]
+fn a_failed_prefill_leg_is_released_from_the_routers_books_once() {
+    // decoder_failure: a decoder goes down and comes back; prefill legs
+    // fail, some after their prefiller answered. At the end each
+    // prefiller's in-flight count in the router's books must be its prefill
+    // legs still unanswered (a leg answered and then failed used to be
+    // released twice, and the count wrapped below zero).
+    use pdsim::engine::{Leg, Role};
+    use pdsim::router::Router;
+    use pdsim::shared::EngineIndex;
+    let path = std::path::Path::new("scenarios/decoder_failure.ron");
+    let sc = pdsim::scenario::load(path, &[]).unwrap();
+    let mut sim = pdsim::sim::Sim::new(&sc).unwrap();
+    let report = sim.run().unwrap();
+    assert!(
+        report.to_json().contains("decoder_down"),
+        "the fault fails requests"
+    );
+    let index = sim.world.resource::<EngineIndex>().clone();
+    for (p, &e) in index.prefill.iter().enumerate() {
+        let unanswered = sim
+            .world
+            .query::<&Request>()
+            .iter(&sim.world)
+            .filter(|r| r.leg == Leg::Prefill && r.t1.is_none() && r.prefiller == Some(e))
+            .count() as u64;
+        let (requests, _) = sim
+            .world
+            .non_send::<Router>()
+            .book
+            .in_flight(Role::Prefill, p as u32);
+        assert_eq!(requests, unanswered, "prefiller {p}");
+    }
+}
