@@ -146,7 +146,7 @@ pub struct Engine {
     /// The step in progress stands for this many identical decode steps.
     pub repeat: u32,
     /// When the step in progress (the first of a run) started, and its KV
-    /// tokens (for recomputing the run's step boundaries).
+    /// tokens (from which the run's step ends are worked out).
     pub step_start: f64,
     step_kv: u64,
     /// Bumped whenever the booked end of the step in progress changes.

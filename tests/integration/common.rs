@@ -22,7 +22,6 @@ pub fn assert_close(actual: f64, expected: f64, what: &str) {
     );
 }
 
-/// The tiny scenario (tests/scenarios/tiny.ron) with `--set` overrides.
 /// A fresh scratch folder of this test process, named `name`.
 pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
@@ -31,9 +30,15 @@ pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-pub fn tiny(sets: &[&str]) -> Scenario {
+/// The scenario at `path` with `--set` overrides.
+pub fn scenario_with(path: &str, sets: &[&str]) -> Scenario {
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    scenario::load(Path::new("tests/scenarios/tiny.ron"), &sets).expect("tiny scenario loads")
+    scenario::load(Path::new(path), &sets).unwrap_or_else(|e| panic!("{path} {sets:?}: {e}"))
+}
+
+/// The tiny scenario (tests/scenarios/tiny.ron) with `--set` overrides.
+pub fn tiny(sets: &[&str]) -> Scenario {
+    scenario_with("tests/scenarios/tiny.ron", sets)
 }
 
 /// A trace request: (arrival, prompt, output, stream, remote).

@@ -170,8 +170,7 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
         ),
     ];
     for (path, sets) in cases {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let sc = pdsim::scenario::load(Path::new(path), &sets).unwrap();
+        let sc = crate::common::scenario_with(path, sets);
         let direct = Sim::new(&sc).unwrap().run().unwrap();
         let mut sim = Sim::new(&sc).unwrap();
         sim.add_systems(nothing.in_set(SimSystems::Observe));

@@ -442,8 +442,7 @@ fn a_failed_prefill_leg_is_released_from_the_routers_books_once() {
     use pdsim::engine::{Leg, Role};
     use pdsim::router::Router;
     use pdsim::shared::EngineIndex;
-    let path = std::path::Path::new("scenarios/decoder_failure.ron");
-    let sc = pdsim::scenario::load(path, &[]).unwrap();
+    let sc = crate::common::scenario_with("scenarios/decoder_failure.ron", &[]);
     let mut sim = pdsim::sim::Sim::new(&sc).unwrap();
     let report = sim.run().unwrap();
     assert!(

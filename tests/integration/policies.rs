@@ -813,8 +813,7 @@ fn remembering_pure_hooks_answers_changes_no_number_of_a_run() {
         ),
     ];
     for (path, sets) in cases {
-        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-        let sc = scenario::load(Path::new(path), &sets).unwrap();
+        let sc = crate::common::scenario_with(path, sets);
         let mut remembering = Sim::new(&sc).unwrap();
         let mut plain = Sim::new(&sc).unwrap();
         if let RouterMode::Scripts(p) = &plain.world.non_send::<Router>().mode {

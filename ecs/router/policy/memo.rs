@@ -204,7 +204,6 @@ pub(crate) fn pure_reads(body: &AST, hook: Hook, args: &[ImmutableString]) -> Op
         Expr::Variable(v, ..) => names.iter().find(|(n, _)| *n == v.1).map(|x| x.1),
         _ => None,
     };
-    let first_property = first_property_of_chain;
     let mut reads = Reads {
         req: Vec::new(),
         pod: Vec::new(),
@@ -266,7 +265,7 @@ pub(crate) fn pure_reads(body: &AST, hook: Hook, args: &[ImmutableString]) -> Op
                             Some(ASTNode::Expr(Expr::Dot(x, ..)))
                                 if std::ptr::eq(&x.lhs, *e) && kind != Arg::Pods =>
                             {
-                                match first_property(&x.rhs) {
+                                match first_property_of_chain(&x.rhs) {
                                     Some(p) if kind == Arg::Req => {
                                         req_props.push(p);
                                         true
@@ -446,14 +445,14 @@ impl Memo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::router::policy::plugin::Inputs;
     use crate::router::policy::{Plugin, sandbox};
     use crate::scenario::ParamValue;
+    use rand::{RngExt, SeedableRng};
     use std::collections::BTreeMap;
 
-    /// Whether `hook` of `script` (with `params`) has its answers remembered.
-    fn remembered(hook: Hook, script: &str, params: &[(&str, &str)]) -> bool {
-        let lib = std::path::Path::new("lib");
-        let engine = sandbox::new_engine(1, Some(lib), &Default::default()).unwrap();
+    /// `script` loaded as the `hook` plugin (with `params`), on `engine`.
+    fn load(engine: &rhai::Engine, hook: Hook, script: &str, params: &[(&str, &str)]) -> Plugin {
         let dir = std::env::temp_dir().join(format!("pdsim-memo-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(format!("{:x}.rhai", {
@@ -467,9 +466,20 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), ParamValue::Str(v.to_string())))
             .collect();
-        let plugin = Plugin::load(&engine, path.to_str().unwrap(), hook, &params, 1.0)
-            .unwrap_or_else(|e| panic!("{script}: {e}"));
-        plugin.remembers()
+        Plugin::load(engine, path.to_str().unwrap(), hook, &params, 1.0)
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
+    }
+
+    /// Whether `hook` of `script` (with `params`) has its answers remembered.
+    fn remembered(hook: Hook, script: &str, params: &[(&str, &str)]) -> bool {
+        let lib = std::path::Path::new("lib");
+        let engine = sandbox::new_engine(1, Some(lib), &Default::default()).unwrap();
+        load(&engine, hook, script, params).remembers()
+    }
+
+    /// A hook of signature `signature` (`score(req, pod)`) with `body`.
+    fn hook(signature: &str, body: &str) -> String {
+        format!("fn {signature} {{ {body} }}")
     }
 
     fn catalogue(name: &str) -> String {
@@ -549,13 +559,7 @@ mod tests {
 
     #[test]
     fn a_hook_with_any_other_input_or_effect_is_not_remembered() {
-        let score = |body: &str| {
-            remembered(
-                Hook::Score,
-                &format!("fn score(req, pod) {{ {body} }}"),
-                &[],
-            )
-        };
+        let score = |body: &str| remembered(Hook::Score, &hook("score(req, pod)", body), &[]);
         // Pure: properties, locals, loops, pure functions.
         assert!(score(
             "let x = pod.active; let y = [1, 2]; y.push(x); x.to_float() / (y.len() + req.prompt_tokens)"
@@ -579,13 +583,7 @@ mod tests {
             &[]
         ));
         // The pods of a score_all only through their properties and length.
-        let all = |body: &str| {
-            remembered(
-                Hook::ScoreAll,
-                &format!("fn score_all(req, pods) {{ {body} }}"),
-                &[],
-            )
-        };
+        let all = |body: &str| remembered(Hook::ScoreAll, &hook("score_all(req, pods)", body), &[]);
         assert!(all(
             "let s = []; for p in pods { s.push(p.active); } for p in pods { s.push(p.queued); } s"
         ));
@@ -597,14 +595,6 @@ mod tests {
         ));
         assert!(!all("pods.map(|p| p.active)"));
     }
-}
-
-#[cfg(test)]
-mod answers {
-    use super::*;
-    use crate::router::policy::plugin::Inputs;
-    use crate::router::policy::{Plugin, sandbox};
-    use rand::{RngExt, SeedableRng};
 
     #[test]
     fn a_remembered_answer_is_the_answer_the_script_gives() {
@@ -630,16 +620,9 @@ mod answers {
         ];
         let engine = sandbox::new_engine(1, None, &Default::default()).unwrap();
         for (n, body) in scripts.iter().enumerate() {
-            let path = std::env::temp_dir().join(format!(
-                "pdsim-memo-answers-{}-{n}.rhai",
-                std::process::id()
-            ));
-            std::fs::write(&path, format!("fn score_all(req, pods) {{ {body} }}")).unwrap();
-            let load = || {
-                let path = path.to_str().unwrap();
-                Plugin::load(&engine, path, Hook::Score, &Default::default(), 1.0).unwrap()
-            };
-            let (remembering, plain) = (load(), load());
+            let script = hook("score_all(req, pods)", body);
+            let fresh = || load(&engine, Hook::Score, &script, &[]);
+            let (remembering, plain) = (fresh(), fresh());
             plain.forget_answers();
             assert!(remembering.remembers(), "script {n} is pure");
             let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
