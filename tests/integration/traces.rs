@@ -297,3 +297,21 @@ fn an_infinite_horizon_serves_the_whole_trace_and_only_a_trace() {
     .to_string();
     assert!(err.contains("inf only with a trace workload"), "{err}");
 }
+
+/// A session turn whose prompt and output together pass 2^32 tokens (a
+/// 32-bit count) still counts what the next turn has seen before.
+#[test]
+fn a_session_past_four_billion_tokens_still_counts_what_its_next_turn_saw() {
+    // Turn 1: 4294967290 + 10 tokens, past u32::MAX (4294967295): refused
+    // at arrival (longer than max_model_len), but its tokens are the
+    // session's stream. Turn 2's 100-token prompt is all within it: seen
+    // before = 100 / (4294967290 + 100). (Adding the two in 32 bits wrapped
+    // to 4, and turn 2 had seen 4 tokens.)
+    let text = "{\"requests\": [\n\
+        {\"id\": \"t1\", \"arrival_time\": 0.0, \"prompt_len\": 4294967290, \"output_len\": 10, \"session\": \"s\"},\n\
+        {\"id\": \"t2\", \"arrival_time\": 1.0, \"prompt_len\": 100, \"output_len\": 2, \"session\": \"s\"}\n\
+        ]}\n";
+    let (_, report) = run(&trace_file("long-session.json", text), "", &[]);
+    let seen = report.trace.expect("a trace run").seen_before;
+    assert_eq!(seen, 100.0 / (4294967290.0 + 100.0));
+}

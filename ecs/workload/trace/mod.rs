@@ -285,7 +285,8 @@ impl<'a> Preparer<'a> {
             (None, TraceFormat::Pdsim) if r.session.is_some() => {
                 let covered = self.stream_seen.entry(session).or_insert(0);
                 self.seen += r.input.min(*covered) as u64;
-                *covered = (*covered).max(r.input + r.output);
+                // (Saturating: a stream past 2^32 tokens covers any prompt.)
+                *covered = (*covered).max(r.input.saturating_add(r.output));
                 Some(BlockPath::stream(session))
             }
             (None, _) => None,
