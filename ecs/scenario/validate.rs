@@ -235,6 +235,17 @@ pub fn resolve(raw: RawScenario, source: &Path) -> Result<Scenario> {
                     pool.engine.block_size
                 ),
             );
+            // Token counts (a pool's, a request's) are 32-bit: a pool that
+            // holds more tokens would overflow them.
+            let tokens = u64::from(plan.num_gpu_blocks) * u64::from(pool.engine.block_size);
+            need(
+                tokens <= u64::from(u32::MAX),
+                format!(
+                    "{role}.engine: {} blocks of {} tokens hold {tokens} tokens, more than the \
+                     2^32 - 1 tokens pdsim counts in one pool: use fewer or smaller blocks",
+                    plan.num_gpu_blocks, pool.engine.block_size
+                ),
+            );
             bytes += u64::from(pool.count) * u64::from(plan.num_gpu_blocks) * KV_BYTES_PER_BLOCK;
         }
         need(

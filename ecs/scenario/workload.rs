@@ -1,6 +1,7 @@
 //! The workload section resolved: synthetic session parameters with the
 //! reference defaults (docs/model.md §3) applied, and the checks of the section.
 
+use crate::scenario::validate::MAX_HORIZON;
 use crate::scenario::{SystemPrompts, Workload};
 
 /// The synthetic sessions' parameters (docs/model.md §3), every default applied.
@@ -111,6 +112,17 @@ pub fn problems(w: &Workload) -> Vec<String> {
             s.session_rate
         ),
     );
+    // A gap drawn from a rate below 1 / MAX_HORIZON (or a tool time from a
+    // mean above MAX_HORIZON) can pass f64's range: an arrival at infinity.
+    need(
+        !(finite_pos(s.session_rate) && s.session_rate < 1.0 / MAX_HORIZON),
+        format!(
+            "workload.session_rate must be at least {:e} per s (one session in the longest \
+             horizon, {MAX_HORIZON:e} s), got {:?}",
+            1.0 / MAX_HORIZON,
+            s.session_rate
+        ),
+    );
     let (lo, hi) = s.first_turn_tokens;
     need(
         lo.is_finite() && hi.is_finite() && lo >= 0.0 && lo <= hi,
@@ -143,6 +155,13 @@ pub fn problems(w: &Workload) -> Vec<String> {
         finite_pos(s.tool_time_mean),
         format!(
             "workload.tool_time_mean must be positive, got {}",
+            s.tool_time_mean
+        ),
+    );
+    need(
+        !(finite_pos(s.tool_time_mean) && s.tool_time_mean > MAX_HORIZON),
+        format!(
+            "workload.tool_time_mean must be at most the longest horizon, {MAX_HORIZON:e} s, got {:?}",
             s.tool_time_mean
         ),
     );

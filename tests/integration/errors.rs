@@ -294,6 +294,17 @@ fn impossible_scenarios_are_refused_before_the_run() {
             "workload.session_rate=-0.5",
             "session_rate must be positive",
         ),
+        // A first gap of -ln(u) / 1e-300 s, a tool time of 1e308 s on
+        // average: past f64's range, events at infinity (found by the
+        // fuzzer).
+        (
+            "workload.session_rate=1e-300",
+            "session_rate must be at least 1e-9 per s (one session in the longest horizon, 1e9 s), got 1e-300",
+        ),
+        (
+            "workload.tool_time_mean=1e308",
+            "tool_time_mean must be at most the longest horizon, 1e9 s, got 1e308",
+        ),
         ("prefill.count=0", "prefill.count must be at least 1"),
         ("decode.nic.tokens_per_s=0", "tokens_per_s must be positive"),
         ("transfer.latency=-1", "transfer.latency"),

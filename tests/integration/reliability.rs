@@ -182,6 +182,16 @@ fn inputs_that_never_end_or_exhaust_memory_are_refused_with_the_bound() {
     assert!(err.contains("more than 16777216 (2^24) blocks"), "{err}");
     // 4294967295 × 44 B = 176 GiB.
     assert!(err.contains("would take 176.0 GiB of memory"), "{err}");
+    // Blocks of 2^32 - 1 tokens: 1 000 of them hold 4 294 967 295 000
+    // tokens, past the 32-bit token counts.
+    let err = refused(&[
+        "decode.engine.block_size=4294967295",
+        "decode.engine.num_gpu_blocks=1000",
+    ]);
+    assert!(
+        err.contains("decode.engine: 1000 blocks of 4294967295 tokens hold 4294967295000 tokens, more than the 2^32 - 1"),
+        "{err}"
+    );
     let err = refused(&["prefill.count=65535"]);
     assert!(
         err.contains("prefill.count 65535 is more than 10000 pods"),
