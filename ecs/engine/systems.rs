@@ -31,7 +31,27 @@ pub fn step_end_system(
     mut handoffs: ResMut<Handoffs>,
     mut finished: ResMut<Finished>,
 ) {
-    let now = clock.now;
+    end_steps(
+        clock.now,
+        &events,
+        &mut engines,
+        &mut reqs,
+        &mut scratch,
+        &mut handoffs,
+        &mut finished,
+    );
+}
+
+/// What [`step_end_system`] does (the loop's fast tick calls it too).
+pub(crate) fn end_steps(
+    now: f64,
+    events: &TickEvents,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
+    reqs: &mut Query<&mut Request>,
+    scratch: &mut StepScratch,
+    handoffs: &mut Handoffs,
+    finished: &mut Finished,
+) {
     for &(e, generation) in &events.step_ends {
         let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
         if engine.generation != generation {
@@ -39,7 +59,7 @@ pub fn step_end_system(
         }
         let log = &mut scratch.log;
         log.clear();
-        engine.finish_step(now, &mut kv.0, &mut reqs, log);
+        engine.finish_step(now, &mut kv.0, reqs, log);
         for &id in &log.finished {
             match reqs.req(id).leg {
                 Leg::Prefill => handoffs.queue.push(id),
@@ -79,7 +99,7 @@ fn never_fits(engine: &Engine, kv: &BlockPool, r: &Request, now: f64) -> Error {
 pub fn step_start_system(
     clock: Res<Clock>,
     index: Res<EngineIndex>,
-    mut engines: Query<(Entity, &mut Engine, &mut KvPool)>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
     mut reqs: Query<&mut Request>,
     mut scratch: ResMut<StepScratch>,
     mut agenda: ResMut<Agenda>,
@@ -87,9 +107,34 @@ pub fn step_start_system(
     mut recorder: Option<ResMut<StepRecorder>>,
     mut status: ResMut<RunStatus>,
 ) {
-    let now = clock.now;
+    start_steps(
+        clock.now,
+        &index,
+        &mut engines,
+        &mut reqs,
+        &mut scratch,
+        &mut agenda,
+        &mut parked,
+        recorder.as_deref_mut(),
+        &mut status,
+    );
+}
+
+/// What [`step_start_system`] does (the loop's fast tick calls it too).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_steps(
+    now: f64,
+    index: &EngineIndex,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
+    reqs: &mut Query<&mut Request>,
+    scratch: &mut StepScratch,
+    agenda: &mut Agenda,
+    parked: &mut Parked,
+    mut recorder: Option<&mut StepRecorder>,
+    status: &mut RunStatus,
+) {
     for &e in index.prefill.iter().chain(&index.decode) {
-        let (_, mut engine, mut kv) = engines.get_mut(e).expect("engine");
+        let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
         if !engine.dirty {
             continue;
         }
@@ -107,14 +152,14 @@ pub fn step_start_system(
                 Some(_) => {
                     // The boundary is now: end the run here and form the next
                     // step at once, as the step-by-step tick would.
-                    engine.finish_step(now, &mut kv.0, &mut reqs, log);
+                    engine.finish_step(now, &mut kv.0, reqs, log);
                     debug_assert!(log.finished.is_empty() && log.first_tokens.is_empty());
                     log.clear();
                 }
                 None => continue,
             }
         }
-        let end = engine.start_step(now, &mut kv.0, &mut reqs, log);
+        let end = engine.start_step(now, &mut kv.0, reqs, log);
         if let Some(id) = log.never_fits
             && status.error.is_none()
         {

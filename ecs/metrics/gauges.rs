@@ -99,17 +99,32 @@ pub fn observe_system(
     counters: Res<Counters>,
     mut trend: ResMut<InFlightTrend>,
 ) {
-    trend.sample(
+    observe(
         clock.now,
-        counters.in_flight(),
-        gauges.warmup,
-        gauges.horizon,
+        &index,
+        |e| engines.get(e).expect("engine"),
+        &mut gauges,
+        &counters,
+        &mut trend,
     );
+}
+
+/// What [`observe_system`] does, reading each engine through `engine` (the
+/// loop's fast tick calls it too).
+pub(crate) fn observe<'a>(
+    now: f64,
+    index: &EngineIndex,
+    engine: impl Fn(Entity) -> (&'a Engine, &'a KvPool),
+    gauges: &mut Gauges,
+    counters: &Counters,
+    trend: &mut InFlightTrend,
+) {
+    trend.sample(now, counters.in_flight(), gauges.warmup, gauges.horizon);
     let (mut run_min, mut run_max) = (u32::MAX, 0u32);
     let (mut load_min, mut load_max) = (u32::MAX, 0u32);
     let (mut usage_max, mut usage_sum) = (0.0f64, 0.0f64);
     for &e in &index.decode {
-        let (eng, kv) = engines.get(e).expect("decoder");
+        let (eng, kv) = engine(e);
         let running = eng.running.len() as u32;
         let active = eng.active();
         run_min = run_min.min(running);
@@ -122,14 +137,14 @@ pub fn observe_system(
     }
     let (mut held, mut queue) = (0.0f64, 0.0f64);
     for &e in &index.prefill {
-        let (eng, kv) = engines.get(e).expect("prefiller");
+        let (eng, kv) = engine(e);
         held += (kv.0.num_held() * kv.0.block_size()) as f64;
         queue += eng.waiting.len() as f64;
     }
     let nd = index.decode.len().max(1) as f64;
     let np = index.prefill.len().max(1) as f64;
     gauges.sample(
-        clock.now,
+        now,
         [
             (run_max - run_min) as f64,
             (load_max - load_min) as f64,
