@@ -49,8 +49,8 @@ pub struct Sim {
     horizon: f64,
     /// Scratch: the events due in the tick being handed over.
     due: Vec<Event>,
-    /// The earliest deadline, as of the last look (deadlines due with a tick).
-    deadline_at: Option<f64>,
+    /// What the loop itself reads and writes each tick, fetched once.
+    loop_state: SystemState<LoopParams>,
     /// Requests in flight past which the run stops early ([`MAX_IN_FLIGHT`]).
     pub max_in_flight: u64,
 }
@@ -279,13 +279,14 @@ impl Sim {
             observe_system.in_set(SimSystems::Observe),
         ));
         let direct = DirectTick::new(&mut world);
+        let loop_state = SystemState::new(&mut world);
         let mut sim = Sim {
             world,
             schedule,
             horizon: raw.horizon,
             direct: Some(direct),
             due: Vec::new(),
-            deadline_at: None,
+            loop_state,
             max_in_flight: MAX_IN_FLIGHT,
         };
         if let Some(extend) = crate::sim::extension() {
@@ -340,14 +341,8 @@ impl Sim {
         let wall = Instant::now();
         let mut ticks = 0u32;
         let mut stopped_early = None;
-        while let Some(t) = self.next_time() {
-            if t > self.horizon {
-                break;
-            }
-            self.tick(t);
-            if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
-                return Err(e);
-            }
+        while let Some((t, only_step_ends)) = self.next_tick()? {
+            self.run_tick(only_step_ends);
             // A backlog past what memory should hold ends the run here, with
             // a report that says so (checked now and then: it grows slowly).
             ticks = ticks.wrapping_add(1);
@@ -363,6 +358,9 @@ impl Sim {
                     break;
                 }
             }
+        }
+        if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
+            return Err(e);
         }
         // A trace run with an infinite horizon ends with its last event:
         // that is the horizon it reports over; so does a run stopped early.
@@ -393,43 +391,52 @@ impl Sim {
             .expect("engines and requests are plain queries");
     }
 
-    /// The next instant something happens: an event, or a deadline.
-    fn next_time(&mut self) -> Option<f64> {
-        let event = self.world.resource::<Agenda>().next_time();
-        let deadline = self.world.resource::<Deadlines>().next_time();
-        self.deadline_at = deadline;
-        match (event, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    /// Hands over the next tick, when it comes by the horizon: the next
+    /// instant something happens (an event, or a deadline), its events due,
+    /// and whether they are all step ends. The error the last tick ended in
+    /// comes first.
+    fn next_tick(&mut self) -> Result<Option<(f64, bool)>> {
+        let (mut agenda, mut deadlines, mut events, mut clock, mut status) = self
+            .loop_state
+            .get_mut(&mut self.world)
+            .expect("the loop's resources are in the world");
+        if let Some(e) = status.error.take() {
+            return Err(e);
         }
-    }
-
-    /// One tick at time `t`: hand over the events due, run the systems.
-    fn tick(&mut self, t: f64) {
-        // (Not `resource_scope`: taking a resource out and back each tick
-        // leaves a removal message behind that nothing reads.)
-        let mut agenda = self.world.resource_mut::<Agenda>();
+        let deadline = deadlines.next_time();
+        let t = match (agenda.next_time(), deadline) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(t) => t,
+                None => return Ok(None),
+            },
+        };
+        if t > self.horizon {
+            return Ok(None);
+        }
         self.due.clear();
         while let Some(e) = agenda.pop_at(t) {
             self.due.push(e);
         }
-        let mut events = self.world.resource_mut::<TickEvents>();
         events.clear();
         for &e in &self.due {
             events.push(e);
         }
-        if self.deadline_at == Some(t) {
-            let mut due = std::mem::take(&mut events.lease_deadlines);
-            self.world.resource_mut::<Deadlines>().pop_at(t, &mut due);
-            self.world.resource_mut::<TickEvents>().lease_deadlines = due;
+        let deadline_due = deadline == Some(t);
+        if deadline_due {
+            deadlines.pop_at(t, &mut events.lease_deadlines);
         }
-        let mut clock = self.world.resource_mut::<Clock>();
         clock.now = t;
         clock.ticks += 1;
         // Log lines carry the simulated time of the tick they come from.
         SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
         let only_step_ends =
-            self.deadline_at != Some(t) && self.due.iter().all(|e| matches!(e, Event::StepEnd(..)));
+            !deadline_due && self.due.iter().all(|e| matches!(e, Event::StepEnd(..)));
+        Ok(Some((t, only_step_ends)))
+    }
+
+    /// Runs the systems of the tick just handed over.
+    fn run_tick(&mut self, only_step_ends: bool) {
         match &mut self.direct {
             Some(direct) => direct.run(&mut self.world, only_step_ends),
             None => self.schedule.run(&mut self.world),
@@ -506,6 +513,15 @@ mod due {
 
 /// A built-in system and whether it has work in this tick.
 type Gated = (fn(&World) -> bool, BoxedSystem);
+
+/// What the loop reads and writes itself each tick ([`Sim::next_tick`]).
+type LoopParams = (
+    ResMut<'static, Agenda>,
+    ResMut<'static, Deadlines>,
+    ResMut<'static, TickEvents>,
+    ResMut<'static, Clock>,
+    ResMut<'static, RunStatus>,
+);
 
 /// Positions in [`DirectTick`]'s list (`retire_system`, `post_reads_system`):
 /// where a fast tick hands over.
