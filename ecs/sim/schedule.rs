@@ -359,6 +359,8 @@ impl Sim {
                 }
             }
         }
+        // A run stopped early leaves without another hand-over: its last
+        // tick's error is read here (the hand-over reads every other one).
         if let Some(e) = self.world.resource_mut::<RunStatus>().error.take() {
             return Err(e);
         }
