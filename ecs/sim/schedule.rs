@@ -47,8 +47,6 @@ pub struct Sim {
     /// is added ([`DirectTick`]).
     direct: Option<DirectTick>,
     horizon: f64,
-    /// Scratch: the events due in the tick being handed over.
-    due: Vec<Event>,
     /// What the loop itself reads and writes each tick, fetched once.
     loop_state: SystemState<LoopParams>,
     /// Requests in flight past which the run stops early ([`MAX_IN_FLIGHT`]).
@@ -285,7 +283,6 @@ impl Sim {
             schedule,
             horizon: raw.horizon,
             direct: Some(direct),
-            due: Vec::new(),
             loop_state,
             max_in_flight: MAX_IN_FLIGHT,
         };
@@ -341,14 +338,16 @@ impl Sim {
         let wall = Instant::now();
         let mut ticks = 0u32;
         let mut stopped_early = None;
-        while let Some((t, only_step_ends)) = self.next_tick()? {
-            self.run_tick(only_step_ends);
+        while let Some(only_step_ends) = self.next_tick()? {
             // A backlog past what memory should hold ends the run here, with
-            // a report that says so (checked now and then: it grows slowly).
-            ticks = ticks.wrapping_add(1);
-            if ticks.is_multiple_of(1024) {
+            // a report that says so (checked every 1024 ticks: it grows
+            // slowly). A tick may run the ticks after it up to that check.
+            let to_check = CHECK_EVERY - ticks % CHECK_EVERY;
+            ticks = ticks.wrapping_add(self.run_tick(only_step_ends, to_check));
+            if ticks.is_multiple_of(CHECK_EVERY) {
                 let n = self.world.resource::<Counters>().in_flight();
                 if n > self.max_in_flight {
+                    let t = self.world.resource::<Clock>().now;
                     stopped_early = Some(format!(
                         "stopped at t = {t:.1} s with {n} requests in flight (more than {}): \
                          the deployment does not keep up with the workload",
@@ -393,11 +392,10 @@ impl Sim {
             .expect("engines and requests are plain queries");
     }
 
-    /// Hands over the next tick, when it comes by the horizon: the next
-    /// instant something happens (an event, or a deadline), its events due,
-    /// and whether they are all step ends. The error the last tick ended in
-    /// comes first.
-    fn next_tick(&mut self) -> Result<Option<(f64, bool)>> {
+    /// Hands over the next tick, when it comes by the horizon (see
+    /// [`pop_tick`]): whether its events are all step ends. The error the
+    /// last tick ended in comes first.
+    fn next_tick(&mut self) -> Result<Option<bool>> {
         let (mut agenda, mut deadlines, mut events, mut clock, mut status) = self
             .loop_state
             .get_mut(&mut self.world)
@@ -405,47 +403,30 @@ impl Sim {
         if let Some(e) = status.error.take() {
             return Err(e);
         }
-        let deadline = deadlines.next_time();
-        let t = match (agenda.next_time(), deadline) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => match a.or(b) {
-                Some(t) => t,
-                None => return Ok(None),
-            },
-        };
-        if t > self.horizon {
-            return Ok(None);
-        }
-        self.due.clear();
-        while let Some(e) = agenda.pop_at(t) {
-            self.due.push(e);
-        }
-        events.clear();
-        for &e in &self.due {
-            events.push(e);
-        }
-        let deadline_due = deadline == Some(t);
-        if deadline_due {
-            deadlines.pop_at(t, &mut events.lease_deadlines);
-        }
-        clock.now = t;
-        clock.ticks += 1;
-        // Log lines carry the simulated time of the tick they come from.
-        SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
-        let only_step_ends =
-            !deadline_due && self.due.iter().all(|e| matches!(e, Event::StepEnd(..)));
-        Ok(Some((t, only_step_ends)))
+        Ok(pop_tick(
+            self.horizon,
+            &mut agenda,
+            &mut deadlines,
+            &mut events,
+            &mut clock,
+        ))
     }
 
-    /// Runs the systems of the tick just handed over.
-    fn run_tick(&mut self, only_step_ends: bool) {
-        match &mut self.direct {
-            Some(direct) => direct.run(&mut self.world, only_step_ends),
-            None => self.schedule.run(&mut self.world),
-        }
+    /// Runs the systems of the tick just handed over, and when they allow,
+    /// the ticks after it (at most `most` in all): returns how many ran.
+    fn run_tick(&mut self, only_step_ends: bool, most: u32) -> u32 {
+        let ran = match &mut self.direct {
+            Some(direct) => direct.run(&mut self.world, only_step_ends, self.horizon, most),
+            None => {
+                self.schedule.run(&mut self.world);
+                1
+            }
+        };
         // Despawned entities leave a removal record per component, which an
-        // `App` would clear every frame: so does every tick.
+        // `App` would clear every frame: so does every tick that may despawn
+        // (a fast tick despawns nothing).
         self.world.clear_trackers();
+        ran
     }
 
     pub fn horizon(&self) -> f64 {
@@ -467,6 +448,45 @@ impl Sim {
         rec.finish();
         Some(rec)
     }
+}
+
+/// Ticks between two checks of the backlog ([`Sim::run`]).
+const CHECK_EVERY: u32 = 1024;
+
+/// Makes the next instant something happens (an event, or a deadline) the
+/// current tick, when it comes by `horizon`: its events due in `events`,
+/// the clock set. Returns whether those events are all step ends (None:
+/// nothing comes by the horizon, and nothing was changed).
+fn pop_tick(
+    horizon: f64,
+    agenda: &mut Agenda,
+    deadlines: &mut Deadlines,
+    events: &mut TickEvents,
+    clock: &mut Clock,
+) -> Option<bool> {
+    let deadline = deadlines.next_time();
+    let t = match (agenda.next_time(), deadline) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    if t > horizon {
+        return None;
+    }
+    events.clear();
+    let mut only_step_ends = true;
+    while let Some(e) = agenda.pop_at(t) {
+        only_step_ends &= matches!(e, Event::StepEnd(..));
+        events.push(e);
+    }
+    if deadline == Some(t) {
+        only_step_ends = false;
+        deadlines.pop_at(t, &mut events.lease_deadlines);
+    }
+    clock.now = t;
+    clock.ticks += 1;
+    // Log lines carry the simulated time of the tick they come from.
+    SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    Some(only_step_ends)
 }
 
 /// Whether each built-in system has work in this tick: its run condition in
@@ -532,7 +552,11 @@ const POST_READS: usize = 9;
 
 /// What a tick that only ends steps reads and writes, fetched once.
 type FastTickParams = (
-    (Res<'static, Clock>, Res<'static, TickEvents>),
+    (
+        ResMut<'static, Clock>,
+        ResMut<'static, TickEvents>,
+        ResMut<'static, Deadlines>,
+    ),
     Query<'static, 'static, (&'static mut Engine, &'static mut KvPool)>,
     Query<'static, 'static, &'static mut Request>,
     (
@@ -612,20 +636,22 @@ impl DirectTick {
         DirectTick { systems, fast }
     }
 
-    /// One tick; `only_step_ends`: the events due are all step ends.
-    fn run(&mut self, world: &mut World, only_step_ends: bool) {
+    /// One tick; `only_step_ends`: the events due are all step ends. A fast
+    /// tick runs the ticks after it while they are fast too, up to `most`
+    /// ticks in all and the horizon. Returns how many ticks ran.
+    fn run(&mut self, world: &mut World, only_step_ends: bool, horizon: f64, most: u32) -> u32 {
         if let Some(check) = world.check_change_ticks() {
             for (_, system) in &mut self.systems {
                 system.check_change_tick(check);
             }
         }
-        let from = if only_step_ends {
-            match fast_tick(&mut self.fast, world) {
-                Some(at) => at,
-                None => return,
+        let (ran, from) = if only_step_ends {
+            match fast_ticks(&mut self.fast, world, horizon, most) {
+                (ran, Some(at)) => (ran, at),
+                (ran, None) => return ran,
             }
         } else {
-            0
+            (1, 0)
         };
         for (has_work, system) in &mut self.systems[from..] {
             if has_work(world) {
@@ -634,18 +660,28 @@ impl DirectTick {
                     .expect("the built-in systems' parameters are in the world");
             }
         }
+        ran
     }
 }
 
-/// A tick whose events are all step ends, as [`DirectTick`]'s list runs it:
-/// the systems before step end have no work (no event of theirs is due,
-/// their queues are empty), so it ends the steps, and when neither a
+/// Ticks whose events are all step ends, as [`DirectTick`]'s list runs
+/// them: the systems before step end have no work (no event of theirs is
+/// due, their queues are empty), so each ends the steps, and when neither a
 /// retirement nor a hand-off has work, forms the next steps, and when no
-/// later system has work either, observes. Returns where the list takes
-/// over (None: the tick is done).
-fn fast_tick(state: &mut SystemState<FastTickParams>, world: &mut World) -> Option<usize> {
+/// later system has work either, observes. Then the next tick is handed
+/// over here, as the loop would ([`pop_tick`]), on the same fetch of the
+/// resources: that is most of a fast tick's cost. It stops after `most`
+/// ticks (the loop's next backlog check), at an error, at the horizon, and
+/// at a tick that is not all step ends. Returns how many ticks it began and
+/// where the list takes over the last one (None: that tick is done).
+fn fast_ticks(
+    state: &mut SystemState<FastTickParams>,
+    world: &mut World,
+    horizon: f64,
+    most: u32,
+) -> (u32, Option<usize>) {
     let (
-        (clock, events),
+        (mut clock, mut events, mut deadlines),
         mut engines,
         mut reqs,
         (mut scratch, mut handoffs, mut finished),
@@ -655,45 +691,66 @@ fn fast_tick(state: &mut SystemState<FastTickParams>, world: &mut World) -> Opti
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
-    if due::faults(&events, &faults) || due::routing(&events, &gateway) {
-        return Some(0);
+    let mut ran = 1;
+    loop {
+        if due::faults(&events, &faults) || due::routing(&events, &gateway) {
+            return (ran, Some(0));
+        }
+        let now = clock.now;
+        end_steps(
+            now,
+            &events,
+            &mut engines,
+            &mut reqs,
+            &mut scratch,
+            &mut handoffs,
+            &mut finished,
+        );
+        if due::retire(&finished) || due::handoff(&handoffs) {
+            return (ran, Some(RETIRE));
+        }
+        start_steps(
+            now,
+            &index,
+            &mut engines,
+            &mut reqs,
+            &mut scratch,
+            &mut agenda,
+            &mut parked,
+            recorder.as_deref_mut(),
+            &mut status,
+        );
+        if due::post_reads(&parked) || due::bandwidth(&flows) || due::failures(&failed) {
+            return (ran, Some(POST_READS));
+        }
+        observe(
+            now,
+            &index,
+            |e| engines.get(e).expect("engine"),
+            &mut gauges,
+            &counters,
+            &mut trend,
+        );
+        // The tick is done; the loop would hand over the next one now.
+        if ran == most || status.error.is_some() {
+            return (ran, None);
+        }
+        match pop_tick(
+            horizon,
+            &mut agenda,
+            &mut deadlines,
+            &mut events,
+            &mut clock,
+        ) {
+            None => return (ran, None),
+            Some(only_step_ends) => {
+                ran += 1;
+                if !only_step_ends {
+                    return (ran, Some(0));
+                }
+            }
+        }
     }
-    let now = clock.now;
-    end_steps(
-        now,
-        &events,
-        &mut engines,
-        &mut reqs,
-        &mut scratch,
-        &mut handoffs,
-        &mut finished,
-    );
-    if due::retire(&finished) || due::handoff(&handoffs) {
-        return Some(RETIRE);
-    }
-    start_steps(
-        now,
-        &index,
-        &mut engines,
-        &mut reqs,
-        &mut scratch,
-        &mut agenda,
-        &mut parked,
-        recorder.as_deref_mut(),
-        &mut status,
-    );
-    if due::post_reads(&parked) || due::bandwidth(&flows) || due::failures(&failed) {
-        return Some(POST_READS);
-    }
-    observe(
-        now,
-        &index,
-        |e| engines.get(e).expect("engine"),
-        &mut gauges,
-        &counters,
-        &mut trend,
-    );
-    None
 }
 
 fn end_runs_system(

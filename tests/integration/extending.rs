@@ -179,3 +179,35 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
         assert_eq!(direct.to_json(), scheduled.to_json(), "{path} {sets:?}");
     }
 }
+
+#[test]
+fn a_run_stopped_early_stops_at_the_same_tick_with_a_custom_system_or_without() {
+    // Without custom systems a fast tick runs the fast ticks after it on one
+    // fetch, but never past the loop's backlog check (every 1024 ticks): the
+    // run must stop at the same tick, time and backlog as one through the
+    // schedule, which runs a tick at a time. (The reference scenario has
+    // long stretches of fast ticks, and more than 2 requests in flight at
+    // one of the first checks; a fast tick that ran past the check would
+    // skip it.)
+    fn nothing(_clock: Res<pdsim::shared::Clock>) {}
+    let sc = crate::common::scenario_with("scenarios/llmd_nixl_pull.ron", &["horizon=400"]);
+    let mut direct = Sim::new(&sc).unwrap();
+    direct.max_in_flight = 2;
+    let direct = direct.run().unwrap();
+    let mut scheduled = Sim::new(&sc).unwrap();
+    scheduled.max_in_flight = 2;
+    scheduled.add_systems(nothing.in_set(SimSystems::Observe));
+    let scheduled = scheduled.run().unwrap();
+    let why = direct
+        .backlog
+        .stopped_early
+        .as_deref()
+        .expect("stopped early");
+    assert!(why.contains("more than 2)"), "{why}");
+    assert!(direct.ticks.is_multiple_of(1024), "{} ticks", direct.ticks);
+    assert_eq!(
+        direct.backlog.stopped_early,
+        scheduled.backlog.stopped_early
+    );
+    assert_eq!(direct.to_json(), scheduled.to_json());
+}
