@@ -99,16 +99,4 @@ impl Engine {
             self.run_costs.push(cost);
         }
     }
-
-    /// The cost of step `j` (from 0) of the run in progress.
-    #[inline]
-    pub(crate) fn run_step_cost(&self, j: u64) -> f64 {
-        match &self.cost {
-            StepTime::Linear(c) => {
-                let tokens = self.step.len() as u64;
-                linear(c, tokens, self.step_kv + j * tokens)
-            }
-            _ => self.run_costs[j as usize],
-        }
-    }
 }

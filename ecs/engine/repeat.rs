@@ -13,6 +13,7 @@
 //! have been.
 
 use crate::engine::Engine;
+use crate::engine::cost::{StepTime, linear};
 use crate::engine::kv::BlockPool;
 use crate::engine::request::RequestStore;
 
@@ -44,9 +45,22 @@ impl Engine {
         let mut ends = std::mem::take(&mut self.run_ends);
         ends.clear();
         let mut t = self.step_start;
-        for j in 0..self.repeat as u64 {
-            t += self.run_step_cost(j);
-            ends.push(t);
+        // Step j (from 0) of a linear model decodes one token per request
+        // over `step_kv + j × tokens` of KV; a physical model's costs were
+        // booked by `book_run_costs`.
+        let n = self.repeat as u64;
+        match &self.cost {
+            StepTime::Linear(c) => {
+                let (tokens, kv) = (self.step.len() as u64, self.step_kv);
+                ends.extend((0..n).map(|j| {
+                    t += linear(c, tokens, kv + j * tokens);
+                    t
+                }));
+            }
+            _ => ends.extend(self.run_costs[..n as usize].iter().map(|&cost| {
+                t += cost;
+                t
+            })),
         }
         self.run_ends = ends;
         t
