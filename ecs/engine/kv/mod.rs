@@ -61,6 +61,13 @@ impl Block {
     fn in_queue(&self) -> bool {
         self.prev != OUT
     }
+    /// A hit on it while it is in the free queue (whose links around it the
+    /// caller mends): out of the queue, one reference.
+    fn take_out_of_queue(&mut self) {
+        self.prev = OUT;
+        self.next = NONE;
+        self.ref_cnt += 1;
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Block>() == 20);
@@ -286,43 +293,49 @@ impl BlockPool {
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
         table.reserve(n as usize);
         let mut stretch: Option<Stretch> = None;
+        // Blocks taken out of the queue, and how many of them were cached
+        // (subtracted from its counts at the end).
+        let (mut taken, mut taken_cached) = (0u32, 0u32);
         for run in path.runs(self.block_size, n) {
             let slot = self.slot_of[&run.stream] as usize;
             let (queue, blocks) = (&mut self.queue, &mut self.blocks);
-            for &id in &self.slots[slot].at[..run.count as usize] {
+            let ids = &self.slots[slot].at[..run.count as usize];
+            for &id in ids {
                 let b = &mut blocks[id as usize];
-                if b.in_queue() {
-                    match &mut stretch {
-                        // Just before the stretch's front: it grows.
-                        Some(s) if s.front_prev == id => s.front_prev = b.prev,
-                        _ => {
-                            // The stretch before is cut first: this block
-                            // may be one of its ends' neighbours.
-                            if let Some(s) = stretch.take() {
-                                queue.cut(blocks, s);
-                            }
-                            let b = &blocks[id as usize];
-                            stretch = Some(Stretch {
-                                front_prev: b.prev,
-                                back_next: b.next,
-                            });
-                        }
+                if !b.in_queue() {
+                    b.ref_cnt += 1;
+                    continue;
+                }
+                taken += 1;
+                taken_cached += b.has_key() as u32;
+                match &mut stretch {
+                    // Just before the stretch's front: it grows.
+                    Some(s) if s.front_prev == id => {
+                        s.front_prev = b.prev;
+                        b.take_out_of_queue();
                     }
-                    let b = &mut blocks[id as usize];
-                    b.prev = OUT;
-                    b.next = NONE;
-                    queue.num_free -= 1;
-                    if b.has_key() {
-                        queue.num_free_cached -= 1;
+                    _ => {
+                        // The stretch before is cut first: this block may be
+                        // one of its ends' neighbours.
+                        if let Some(s) = stretch.take() {
+                            queue.cut(blocks, s);
+                        }
+                        let b = &mut blocks[id as usize];
+                        stretch = Some(Stretch {
+                            front_prev: b.prev,
+                            back_next: b.next,
+                        });
+                        b.take_out_of_queue();
                     }
                 }
-                blocks[id as usize].ref_cnt += 1;
-                table.push(id);
             }
+            table.extend_from_slice(ids);
         }
         if let Some(s) = stretch {
             self.queue.cut(&mut self.blocks, s);
         }
+        self.queue.num_free -= taken;
+        self.queue.num_free_cached -= taken_cached;
     }
 
     /// Allocates `n` blocks from the front of the free queue (evicting their
