@@ -389,6 +389,9 @@ impl BlockPool {
         }
     }
 
+    // Inlined into `cache_blocks`, which calls it per block: the call itself
+    // cost about a fifth of the work.
+    #[inline(always)]
     fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
         let b = &self.blocks[id as usize];
         if b.key_index == index && b.key_slot == slot {
