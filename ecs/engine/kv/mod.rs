@@ -459,6 +459,8 @@ impl BlockPool {
 
     /// Forgets block `index` of the stream in `slot` (its block is being
     /// reused); a stream left with no cached block gives its slot back.
+    // Inlined into allocation, which calls it for each block it evicts.
+    #[inline(always)]
     fn uncache(&mut self, slot: u32, index: u32) {
         let s = &mut self.slots[slot as usize];
         s.at[index as usize] = NONE;
