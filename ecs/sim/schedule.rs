@@ -336,15 +336,18 @@ impl Sim {
             ))
         })?;
         let wall = Instant::now();
-        let mut ticks = 0u32;
         let mut stopped_early = None;
         while let Some(only_step_ends) = self.next_tick()? {
             // A backlog past what memory should hold ends the run here, with
             // a report that says so (checked every 1024 ticks: it grows
             // slowly). A tick may run the ticks after it up to that check.
-            let to_check = CHECK_EVERY - ticks % CHECK_EVERY;
-            ticks = ticks.wrapping_add(self.run_tick(only_step_ends, to_check));
-            if ticks.is_multiple_of(CHECK_EVERY) {
+            self.run_tick(only_step_ends);
+            if self
+                .world
+                .resource::<Clock>()
+                .ticks
+                .is_multiple_of(CHECK_EVERY)
+            {
                 let n = self.world.resource::<Counters>().in_flight();
                 if n > self.max_in_flight {
                     let t = self.world.resource::<Clock>().now;
@@ -413,20 +416,16 @@ impl Sim {
     }
 
     /// Runs the systems of the tick just handed over, and when they allow,
-    /// the ticks after it (at most `most` in all): returns how many ran.
-    fn run_tick(&mut self, only_step_ends: bool, most: u32) -> u32 {
-        let ran = match &mut self.direct {
-            Some(direct) => direct.run(&mut self.world, only_step_ends, self.horizon, most),
-            None => {
-                self.schedule.run(&mut self.world);
-                1
-            }
-        };
+    /// the ticks after it up to the next backlog check.
+    fn run_tick(&mut self, only_step_ends: bool) {
+        match &mut self.direct {
+            Some(direct) => direct.run(&mut self.world, only_step_ends, self.horizon),
+            None => self.schedule.run(&mut self.world),
+        }
         // Despawned entities leave a removal record per component, which an
         // `App` would clear every frame: so does every tick that may despawn
         // (a fast tick despawns nothing).
         self.world.clear_trackers();
-        ran
     }
 
     pub fn horizon(&self) -> f64 {
@@ -451,7 +450,7 @@ impl Sim {
 }
 
 /// Ticks between two checks of the backlog ([`Sim::run`]).
-const CHECK_EVERY: u32 = 1024;
+const CHECK_EVERY: u64 = 1024;
 
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
@@ -594,8 +593,9 @@ type FastTickParams = (
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
 /// boundary): those run the bodies of the three systems with work —
-/// step end, step start, observe — on one fetch of their resources
-/// ([`fast_tick`]), and hand over to the list where another system turns
+/// step end, step start, observe — on one fetch of their resources, and
+/// so do the ticks after them while they only end steps too
+/// ([`fast_ticks`]); they hand over to the list where another system turns
 /// out to have work (a request finished, a read to post).
 struct DirectTick {
     systems: Vec<Gated>,
@@ -637,21 +637,21 @@ impl DirectTick {
     }
 
     /// One tick; `only_step_ends`: the events due are all step ends. A fast
-    /// tick runs the ticks after it while they are fast too, up to `most`
-    /// ticks in all and the horizon. Returns how many ticks ran.
-    fn run(&mut self, world: &mut World, only_step_ends: bool, horizon: f64, most: u32) -> u32 {
+    /// tick runs the ticks after it while they are fast too, up to the
+    /// loop's next backlog check and the horizon.
+    fn run(&mut self, world: &mut World, only_step_ends: bool, horizon: f64) {
         if let Some(check) = world.check_change_ticks() {
             for (_, system) in &mut self.systems {
                 system.check_change_tick(check);
             }
         }
-        let (ran, from) = if only_step_ends {
-            match fast_ticks(&mut self.fast, world, horizon, most) {
-                (ran, Some(at)) => (ran, at),
-                (ran, None) => return ran,
+        let from = if only_step_ends {
+            match fast_ticks(&mut self.fast, world, horizon) {
+                Some(at) => at,
+                None => return,
             }
         } else {
-            (1, 0)
+            0
         };
         for (has_work, system) in &mut self.systems[from..] {
             if has_work(world) {
@@ -660,7 +660,6 @@ impl DirectTick {
                     .expect("the built-in systems' parameters are in the world");
             }
         }
-        ran
     }
 }
 
@@ -670,16 +669,16 @@ impl DirectTick {
 /// retirement nor a hand-off has work, forms the next steps, and when no
 /// later system has work either, observes. Then the next tick is handed
 /// over here, as the loop would ([`pop_tick`]), on the same fetch of the
-/// resources: that is most of a fast tick's cost. It stops after `most`
-/// ticks (the loop's next backlog check), at an error, at the horizon, and
-/// at a tick that is not all step ends. Returns how many ticks it began and
-/// where the list takes over the last one (None: that tick is done).
+/// resources: that is most of a fast tick's cost. It stops at the loop's
+/// next backlog check (a tick count that is a multiple of [`CHECK_EVERY`]),
+/// at an error, at the horizon, and at a tick that is not all step ends.
+/// Returns where the list takes over the last tick (None: that tick is
+/// done).
 fn fast_ticks(
     state: &mut SystemState<FastTickParams>,
     world: &mut World,
     horizon: f64,
-    most: u32,
-) -> (u32, Option<usize>) {
+) -> Option<usize> {
     let (
         (mut clock, mut events, mut deadlines),
         mut engines,
@@ -691,10 +690,9 @@ fn fast_ticks(
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
-    let mut ran = 1;
     loop {
         if due::faults(&events, &faults) || due::routing(&events, &gateway) {
-            return (ran, Some(0));
+            return Some(0);
         }
         let now = clock.now;
         end_steps(
@@ -707,7 +705,7 @@ fn fast_ticks(
             &mut finished,
         );
         if due::retire(&finished) || due::handoff(&handoffs) {
-            return (ran, Some(RETIRE));
+            return Some(RETIRE);
         }
         start_steps(
             now,
@@ -721,7 +719,7 @@ fn fast_ticks(
             &mut status,
         );
         if due::post_reads(&parked) || due::bandwidth(&flows) || due::failures(&failed) {
-            return (ran, Some(POST_READS));
+            return Some(POST_READS);
         }
         observe(
             now,
@@ -732,8 +730,8 @@ fn fast_ticks(
             &mut trend,
         );
         // The tick is done; the loop would hand over the next one now.
-        if ran == most || status.error.is_some() {
-            return (ran, None);
+        if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() {
+            return None;
         }
         match pop_tick(
             horizon,
@@ -742,13 +740,9 @@ fn fast_ticks(
             &mut events,
             &mut clock,
         ) {
-            None => return (ran, None),
-            Some(only_step_ends) => {
-                ran += 1;
-                if !only_step_ends {
-                    return (ran, Some(0));
-                }
-            }
+            None => return None,
+            Some(false) => return Some(0),
+            Some(true) => {}
         }
     }
 }

@@ -191,13 +191,15 @@ fn a_run_stopped_early_stops_at_the_same_tick_with_a_custom_system_or_without() 
     // skip it.)
     fn nothing(_clock: Res<pdsim::shared::Clock>) {}
     let sc = crate::common::scenario_with("scenarios/llmd_nixl_pull.ron", &["horizon=400"]);
-    let mut direct = Sim::new(&sc).unwrap();
-    direct.max_in_flight = 2;
-    let direct = direct.run().unwrap();
-    let mut scheduled = Sim::new(&sc).unwrap();
-    scheduled.max_in_flight = 2;
-    scheduled.add_systems(nothing.in_set(SimSystems::Observe));
-    let scheduled = scheduled.run().unwrap();
+    let run = |custom: bool| {
+        let mut sim = Sim::new(&sc).unwrap();
+        sim.max_in_flight = 2;
+        if custom {
+            sim.add_systems(nothing.in_set(SimSystems::Observe));
+        }
+        sim.run().unwrap()
+    };
+    let (direct, scheduled) = (run(false), run(true));
     let why = direct
         .backlog
         .stopped_early
