@@ -132,13 +132,28 @@ impl Histogram {
         if n == 0 {
             return;
         }
+        // The sums in locals, added value by value in order (as record_n
+        // would: floating-point sums depend on it); the extremes and the
+        // count, which do not, once at the end.
+        let w = n as f64;
+        let (mut sum, mut sum_sq) = (self.sum, self.sum_sq);
+        let (mut lo, mut hi, mut seen) = (f64::INFINITY, f64::NEG_INFINITY, 0u64);
         let (mut bucket, mut pending) = (0i64, 0u64);
         for &v in values {
             debug_assert!(v.is_finite(), "histogram value {v}");
             if !v.is_finite() {
                 continue;
             }
-            self.add_moments(v, n);
+            sum += v * w;
+            sum_sq += v * v * w;
+            // (Finite values: a compare is min and max.)
+            if v < lo {
+                lo = v;
+            }
+            if v > hi {
+                hi = v;
+            }
+            seen += 1;
             if v <= 0.0 {
                 self.zeros += n;
                 continue;
@@ -154,6 +169,17 @@ impl Histogram {
         if pending > 0 {
             self.add_to_bucket(bucket, pending);
         }
+        if seen == 0 {
+            return;
+        }
+        if self.count == 0 {
+            (self.min, self.max) = (lo, hi);
+        } else {
+            self.min = self.min.min(lo);
+            self.max = self.max.max(hi);
+        }
+        self.count += seen * n;
+        (self.sum, self.sum_sq) = (sum, sum_sq);
     }
 
     /// Adds every value of `other`.
@@ -315,6 +341,13 @@ mod tests {
         let mut empty = Histogram::new();
         empty.record_each_n(&values, 0);
         assert_eq!(empty, Histogram::new());
+        // From empty: the first value sets the extremes.
+        let (mut one_by_one, mut at_once) = (Histogram::new(), Histogram::new());
+        for &v in &values[3..] {
+            one_by_one.record_n(v, 2);
+        }
+        at_once.record_each_n(&values[3..], 2);
+        assert_eq!(at_once, one_by_one);
     }
 
     #[test]
