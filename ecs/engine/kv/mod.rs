@@ -383,6 +383,12 @@ impl BlockPool {
                 continue;
             }
             let slot = self.slot_for(run.stream);
+            // The stream's index reaches the run's last block at once, not
+            // a block at a time (the same length after the loop).
+            let at = &mut self.slots[slot as usize].at;
+            if at.len() < run.count as usize {
+                at.resize(run.count as usize, NONE);
+            }
             for k in from.max(run.first)..end {
                 self.cache_in_slot(table[k as usize], slot, k - run.first);
             }
@@ -416,8 +422,11 @@ impl BlockPool {
             let old = std::mem::replace(&mut s.at[i], id);
             if old == NONE {
                 s.count += 1;
-                while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
-                    s.leading += 1;
+                // Only filling the first gap can lengthen the prefix.
+                if s.leading == index {
+                    while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+                        s.leading += 1;
+                    }
                 }
             } else {
                 let b = &mut self.blocks[old as usize];
