@@ -300,6 +300,11 @@ impl Engine {
             return false;
         }
         self.waiting.pop_front();
+        // The block table's room for the whole leg at once (prompt and
+        // every output token, never more than the pool), rather than grown
+        // as its blocks come.
+        let leg_blocks = kv.blocks_for(r.prompt.saturating_add(r.max_tokens()));
+        r.blocks.reserve(leg_blocks.min(kv.num_blocks()) as usize);
         kv.touch_prefix(&r.path, hit_blocks, &mut r.blocks);
         r.cached_blocks = hit_blocks;
         let hit = hit_blocks * bs;
