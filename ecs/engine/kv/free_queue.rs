@@ -1,7 +1,7 @@
 //! The LRU queue of free blocks: intrusive and doubly linked through the
 //! blocks themselves, so a hit on a free cached block leaves it in O(1).
 
-use crate::engine::kv::{Block, BlockId, BlockPool, NONE, OUT};
+use crate::engine::kv::{Block, BlockId, BlockPool, NONE};
 
 /// Blocks taken out of the queue whose neighbours are not linked yet: the
 /// stretch between `front_prev` (towards the front) and `back_next`.
@@ -63,23 +63,6 @@ impl BlockPool {
         }
         self.queue.head = id;
         self.queue.num_free += 1;
-    }
-
-    /// Takes the block at the front (the queue is not empty).
-    pub(super) fn pop_front(&mut self) -> BlockId {
-        let id = self.queue.head;
-        let next = self.blocks[id as usize].next;
-        self.queue.head = next;
-        if next == NONE {
-            self.queue.tail = NONE;
-        } else {
-            self.blocks[next as usize].prev = NONE;
-        }
-        let b = &mut self.blocks[id as usize];
-        b.prev = OUT;
-        b.next = NONE;
-        self.queue.num_free -= 1;
-        id
     }
 
     pub(super) fn push_back(&mut self, id: BlockId) {

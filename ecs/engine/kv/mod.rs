@@ -346,9 +346,17 @@ impl BlockPool {
             return false;
         }
         table.reserve(n as usize);
+        // The first `n` blocks of the queue leave it as one stretch: walked
+        // along their links, with the new front linked once (the queue that
+        // taking them from the front one by one leaves).
+        let mut id = self.queue.head;
+        let mut evicted = 0u32;
         for _ in 0..n {
-            let id = self.pop_front();
             let b = &mut self.blocks[id as usize];
+            let next = b.next;
+            b.prev = OUT;
+            b.next = NONE;
+            b.ref_cnt = 1;
             if b.has_key() {
                 let (slot, index) = (b.key_slot, b.key_index);
                 b.key_index = NONE;
@@ -357,11 +365,19 @@ impl BlockPool {
                 } else {
                     self.uncache(slot, index);
                 }
-                self.queue.num_free_cached -= 1;
+                evicted += 1;
             }
-            self.blocks[id as usize].ref_cnt = 1;
             table.push(id);
+            id = next;
         }
+        self.queue.head = id;
+        if id == NONE {
+            self.queue.tail = NONE;
+        } else {
+            self.blocks[id as usize].prev = NONE;
+        }
+        self.queue.num_free -= n;
+        self.queue.num_free_cached -= evicted;
         true
     }
 
