@@ -53,17 +53,40 @@ impl Event {
     }
 }
 
+/// An event and its key: (time, rank, sequence number) packed into two
+/// words that compare as integers in the same order, for a cheaper heap.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    time: f64,
-    rank: u8,
-    seq: u64,
+    /// The time's bits, mapped so that unsigned order is `f64::total_cmp`'s.
+    time: u64,
+    /// The rank in the top byte, the sequence number below.
+    rank_seq: u64,
     event: Event,
+}
+
+/// The bits of `time`, flipped so that their unsigned order is
+/// `f64::total_cmp`'s ([`time_of`] flips them back).
+fn time_key(time: f64) -> u64 {
+    let bits = time.to_bits();
+    if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
+}
+
+fn time_of(key: u64) -> f64 {
+    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
+}
+
+/// Sequence numbers below 2^56 (more events than a run can schedule).
+const SEQ_BITS: u32 = 56;
+
+impl Entry {
+    fn key(&self) -> (u64, u64) {
+        (self.time, self.rank_seq)
+    }
 }
 
 impl PartialEq for Entry {
     fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+        self.key() == other.key()
     }
 }
 impl Eq for Entry {}
@@ -75,11 +98,7 @@ impl PartialOrd for Entry {
 impl Ord for Entry {
     // Reversed: BinaryHeap is a max-heap and we pop the earliest.
     fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .time
-            .total_cmp(&self.time)
-            .then(other.rank.cmp(&self.rank))
-            .then(other.seq.cmp(&self.seq))
+        other.key().cmp(&self.key())
     }
 }
 
@@ -93,21 +112,21 @@ impl Agenda {
     pub fn schedule(&mut self, time: f64, event: Event) {
         debug_assert!(time.is_finite(), "event {event:?} at {time}");
         self.seq += 1;
+        debug_assert!(self.seq < 1 << SEQ_BITS);
         self.heap.push(Entry {
-            time,
-            rank: event.rank(),
-            seq: self.seq,
+            time: time_key(time),
+            rank_seq: (event.rank() as u64) << SEQ_BITS | self.seq,
             event,
         });
     }
 
     pub fn next_time(&self) -> Option<f64> {
-        self.heap.peek().map(|e| e.time)
+        self.heap.peek().map(|e| time_of(e.time))
     }
 
     /// Pops the next event if it happens at `time`.
     pub fn pop_at(&mut self, time: f64) -> Option<Event> {
-        if self.heap.peek()?.time == time {
+        if time_of(self.heap.peek()?.time) == time {
             self.heap.pop().map(|e| e.event)
         } else {
             None
@@ -149,5 +168,27 @@ mod tests {
         );
         assert_eq!(a.pop_at(1.0), None);
         assert_eq!(a.next_time(), Some(2.0));
+    }
+
+    #[test]
+    fn time_keys_order_as_total_cmp_and_give_the_time_back() {
+        let times = [
+            f64::NEG_INFINITY,
+            -2.5,
+            -f64::MIN_POSITIVE,
+            -0.0,
+            0.0,
+            5e-324,
+            1.0,
+            1.0 + f64::EPSILON,
+            1e300,
+            f64::INFINITY,
+        ];
+        for w in times.windows(2) {
+            assert!(time_key(w[0]) < time_key(w[1]), "{} < {}", w[0], w[1]);
+        }
+        for t in times {
+            assert_eq!(time_of(time_key(t)).to_bits(), t.to_bits());
+        }
     }
 }
