@@ -498,13 +498,19 @@ mod due {
         !e.phases.is_empty()
     }
     pub fn faults(e: &TickEvents, q: &FaultQueue) -> bool {
-        !(e.faults.is_empty() && e.router_learns.is_empty() && q.commands.is_empty())
+        fault_events(e) || !q.commands.is_empty()
+    }
+    pub fn fault_events(e: &TickEvents) -> bool {
+        !(e.faults.is_empty() && e.router_learns.is_empty())
     }
     pub fn workload(e: &TickEvents) -> bool {
         e.session_arrivals > 0 || !e.next_turns.is_empty() || !e.trace_arrivals.is_empty()
     }
     pub fn routing(e: &TickEvents, g: &Gateway) -> bool {
-        !(g.queue.is_empty() && e.client_retries.is_empty() && e.prefill_retries.is_empty())
+        retries(e) || !g.queue.is_empty()
+    }
+    pub fn retries(e: &TickEvents) -> bool {
+        !(e.client_retries.is_empty() && e.prefill_retries.is_empty())
     }
     pub fn transfers(e: &TickEvents) -> bool {
         !(e.flow_done.is_empty()
@@ -532,8 +538,34 @@ mod due {
     }
 }
 
-/// A built-in system and whether it has work in this tick.
-type Gated = (fn(&World) -> bool, BoxedSystem);
+/// A built-in system and whether it has work in this tick (from the
+/// tick's events, read once, and the world).
+type Gated = (fn(&EventsDue, &World) -> bool, BoxedSystem);
+
+/// What the tick's events ask of the systems, read once a tick: no
+/// built-in system changes the events during the tick (they read them as
+/// `Res`), so each gate's answer is the one it would read itself.
+struct EventsDue {
+    phases: bool,
+    faults: bool,
+    workload: bool,
+    retries: bool,
+    transfers: bool,
+    step_end: bool,
+}
+
+impl EventsDue {
+    fn of(e: &TickEvents) -> EventsDue {
+        EventsDue {
+            phases: due::phases(e),
+            faults: due::fault_events(e),
+            workload: due::workload(e),
+            retries: due::retries(e),
+            transfers: due::transfers(e),
+            step_end: due::step_end(e),
+        }
+    }
+}
 
 /// What the loop reads and writes itself each tick ([`Sim::next_tick`]).
 type LoopParams = (
@@ -609,25 +641,25 @@ impl DirectTick {
         }
         // (In the schedule's order; RETIRE and POST_READS index into it.)
         let mut systems: Vec<Gated> = vec![
-            (|w| due::phases(w.resource()), boxed(phase_system)),
+            (|e, _| e.phases, boxed(phase_system)),
             (
-                |w| due::faults(w.resource(), w.resource()),
+                |e, w| e.faults || !w.resource::<FaultQueue>().commands.is_empty(),
                 boxed(faults_system),
             ),
-            (|w| due::workload(w.resource()), boxed(workload_system)),
+            (|e, _| e.workload, boxed(workload_system)),
             (
-                |w| due::routing(w.resource(), w.resource()),
+                |e, w| e.retries || !w.resource::<Gateway>().queue.is_empty(),
                 boxed(routing_system),
             ),
-            (|w| due::transfers(w.resource()), boxed(transfer_system)),
-            (|w| due::step_end(w.resource()), boxed(step_end_system)),
-            (|w| due::retire(w.resource()), boxed(retire_system)),
-            (|w| due::handoff(w.resource()), boxed(handoff_system)),
-            (|_| true, boxed(step_start_system)),
-            (|w| due::post_reads(w.resource()), boxed(post_reads_system)),
-            (|w| due::bandwidth(w.resource()), boxed(bandwidth_system)),
-            (|w| due::failures(w.resource()), boxed(fail_system)),
-            (|_| true, boxed(observe_system)),
+            (|e, _| e.transfers, boxed(transfer_system)),
+            (|e, _| e.step_end, boxed(step_end_system)),
+            (|_, w| due::retire(w.resource()), boxed(retire_system)),
+            (|_, w| due::handoff(w.resource()), boxed(handoff_system)),
+            (|_, _| true, boxed(step_start_system)),
+            (|_, w| due::post_reads(w.resource()), boxed(post_reads_system)),
+            (|_, w| due::bandwidth(w.resource()), boxed(bandwidth_system)),
+            (|_, w| due::failures(w.resource()), boxed(fail_system)),
+            (|_, _| true, boxed(observe_system)),
         ];
         for (_, system) in &mut systems {
             system.initialize(world);
@@ -653,8 +685,10 @@ impl DirectTick {
         } else {
             0
         };
+        // (After the fast ticks, which may have handed over another tick.)
+        let events = EventsDue::of(world.resource());
         for (has_work, system) in &mut self.systems[from..] {
-            if has_work(world) {
+            if has_work(&events, world) {
                 system
                     .run((), world)
                     .expect("the built-in systems' parameters are in the world");
