@@ -5,6 +5,7 @@
 //! after the steps end, in the `StepEnd` set, in the order they finished.
 
 use bevy_ecs::prelude::*;
+use bevy_ecs::system::SystemParam;
 
 use crate::engine::record::FinishedRequests;
 use crate::engine::{Engine, Leg, NextTurn, Request};
@@ -14,25 +15,52 @@ use crate::metrics::{Counters, Metrics};
 use crate::router::Router;
 use crate::shared::{Agenda, Clock, CurrentScenario, Event, FailReason, Failed, Finished};
 
+/// What retiring a request writes to besides the agenda and the counters
+/// (which a fast tick holds already: see `sim::schedule::fast_ticks`).
+#[derive(SystemParam)]
+pub struct Retirement<'w, 's> {
+    commands: Commands<'w, 's>,
+    metrics: ResMut<'w, Metrics>,
+    router: NonSendMut<'w, Router>,
+    record: Option<ResMut<'w, FinishedRequests>>,
+    aiperf: Option<ResMut<'w, AiperfLog>>,
+    timeline: Option<ResMut<'w, Timeline>>,
+}
+
 /// System: retire the requests that finished this tick.
-#[allow(clippy::too_many_arguments)]
 pub fn retire_system(
-    mut commands: Commands,
     clock: Res<Clock>,
     mut finished: ResMut<Finished>,
     reqs: Query<&Request>,
     engines: Query<&Engine>,
-    mut metrics: ResMut<Metrics>,
     mut counters: ResMut<Counters>,
-    mut router: NonSendMut<Router>,
     mut agenda: ResMut<Agenda>,
-    mut record: Option<ResMut<FinishedRequests>>,
-    mut aiperf: Option<ResMut<AiperfLog>>,
-    mut timeline: Option<ResMut<Timeline>>,
+    mut out: Retirement,
 ) {
-    let now = clock.now;
+    retire(
+        clock.now,
+        &mut finished,
+        |id| reqs.get(id).expect("a finished request"),
+        |e| engines.get(e).expect("decoder").index,
+        &mut counters,
+        &mut agenda,
+        &mut out,
+    );
+}
+
+/// Retires the requests in `finished` (`request` finds one, `index` an
+/// engine's index); each leaves the world when the commands are applied.
+pub(crate) fn retire<'a>(
+    now: f64,
+    finished: &mut Finished,
+    request: impl Fn(Entity) -> &'a Request,
+    index: impl Fn(Entity) -> u32,
+    counters: &mut Counters,
+    agenda: &mut Agenda,
+    out: &mut Retirement,
+) {
     for &id in &finished.queue {
-        let r = reqs.get(id).expect("a finished request");
+        let r = request(id);
         tracing::debug!(
             request = r.id,
             ttft = r.first_token_at.unwrap_or(f64::NAN) - r.t0,
@@ -40,10 +68,10 @@ pub fn retire_system(
             preemptions = r.preemptions,
             "finished"
         );
-        metrics.request_finished(r);
+        out.metrics.request_finished(r);
         counters.finished(r.output);
-        let decoder = engines.get(r.decoder.expect("routed")).expect("decoder");
-        router.book.decode_finished(decoder.index, r.prompt);
+        let decoder = index(r.decoder.expect("routed"));
+        out.router.book.decode_finished(decoder, r.prompt);
         match r.next_turn {
             Some(NextTurn::Session { session, after }) => {
                 agenda.schedule(now + after, Event::NextTurn(session));
@@ -53,16 +81,16 @@ pub fn retire_system(
             }
             None => {}
         }
-        if let Some(f) = record.as_deref_mut() {
+        if let Some(f) = out.record.as_deref_mut() {
             f.0.push(r.clone());
         }
-        if let Some(a) = aiperf.as_deref_mut() {
+        if let Some(a) = out.aiperf.as_deref_mut() {
             a.finished(r, now);
         }
-        if let Some(t) = timeline.as_deref_mut() {
+        if let Some(t) = out.timeline.as_deref_mut() {
             t.request(r);
         }
-        commands.entity(id).despawn();
+        out.commands.entity(id).despawn();
     }
     finished.queue.clear();
 }

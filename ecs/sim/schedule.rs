@@ -31,7 +31,7 @@ use crate::shared::{
 };
 use crate::sim::faults::faults_system;
 use crate::sim::phases::phase_system;
-use crate::sim::retire::{fail_system, retire_system};
+use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
 use crate::transfer::{Flows, Nic};
@@ -604,8 +604,9 @@ type FastTickParams = (
     ),
     (
         ResMut<'static, Gauges>,
-        Res<'static, Counters>,
+        ResMut<'static, Counters>,
         ResMut<'static, InFlightTrend>,
+        Retirement<'static, 'static>,
     ),
     (
         Res<'static, FaultQueue>,
@@ -624,11 +625,11 @@ type FastTickParams = (
 /// of the run.
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
-/// boundary): those run the bodies of the three systems with work —
-/// step end, step start, observe — on one fetch of their resources, and
-/// so do the ticks after them while they only end steps too
-/// ([`fast_ticks`]); they hand over to the list where another system turns
-/// out to have work (a request finished, a read to post).
+/// boundary, or a request finishing): those run the bodies of the systems
+/// with work — step end, retire, step start, observe — on one fetch of
+/// their resources, and so do the ticks after them while they only end
+/// steps too ([`fast_ticks`]); they hand over to the list where another
+/// system turns out to have work (a prefill to hand off, a read to post).
 struct DirectTick {
     systems: Vec<Gated>,
     fast: SystemState<FastTickParams>,
@@ -678,7 +679,11 @@ impl DirectTick {
             }
         }
         let from = if only_step_ends {
-            match fast_ticks(&mut self.fast, world, horizon) {
+            let at = fast_ticks(&mut self.fast, world, horizon);
+            // The retired requests leave the world (nothing in a fast tick
+            // looks for them, and nothing is spawned there).
+            self.fast.apply(world);
+            match at {
                 Some(at) => at,
                 None => return,
             }
@@ -699,9 +704,12 @@ impl DirectTick {
 
 /// Ticks whose events are all step ends, as [`DirectTick`]'s list runs
 /// them: the systems before step end have no work (no event of theirs is
-/// due, their queues are empty), so each ends the steps, and when neither a
-/// retirement nor a hand-off has work, forms the next steps, and when no
-/// later system has work either, observes. Then the next tick is handed
+/// due, their queues are empty), so each ends the steps, retires the
+/// requests that finished, and when no hand-off has work, forms the next
+/// steps, and when no later system has work either, observes. (The retired
+/// requests' despawns are applied when the fast ticks stop: nothing in a
+/// fast tick looks them up, and nothing is spawned there, so no entity is
+/// reused in between.) Then the next tick is handed
 /// over here, as the loop would ([`pop_tick`]), on the same fetch of the
 /// resources: that is most of a fast tick's cost. It stops at the loop's
 /// next backlog check (a tick count that is a multiple of [`CHECK_EVERY`]),
@@ -719,7 +727,7 @@ fn fast_ticks(
         mut reqs,
         (mut scratch, mut handoffs, mut finished),
         (index, mut agenda, mut parked, mut recorder, mut status),
-        (mut gauges, counters, mut trend),
+        (mut gauges, mut counters, mut trend, mut retirement),
         (faults, gateway, flows, failed),
     ) = state
         .get_mut(world)
@@ -738,8 +746,19 @@ fn fast_ticks(
             &mut handoffs,
             &mut finished,
         );
-        if due::retire(&finished) || due::handoff(&handoffs) {
+        if due::handoff(&handoffs) {
             return Some(RETIRE);
+        }
+        if due::retire(&finished) {
+            retire(
+                now,
+                &mut finished,
+                |id| reqs.get(id).expect("a finished request"),
+                |e| engines.get(e).expect("decoder").0.index,
+                &mut counters,
+                &mut agenda,
+                &mut retirement,
+            );
         }
         start_steps(
             now,
