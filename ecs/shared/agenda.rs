@@ -68,11 +68,19 @@ struct Entry {
 /// `f64::total_cmp`'s ([`time_of`] flips them back).
 fn time_key(time: f64) -> u64 {
     let bits = time.to_bits();
-    if bits >> 63 == 1 { !bits } else { bits | 1 << 63 }
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    }
 }
 
 fn time_of(key: u64) -> f64 {
-    f64::from_bits(if key >> 63 == 1 { key & !(1 << 63) } else { !key })
+    f64::from_bits(if key >> 63 == 1 {
+        key & !(1 << 63)
+    } else {
+        !key
+    })
 }
 
 /// Sequence numbers below 2^56 (more events than a run can schedule).

@@ -657,7 +657,10 @@ impl DirectTick {
             (|_, w| due::retire(w.resource()), boxed(retire_system)),
             (|_, w| due::handoff(w.resource()), boxed(handoff_system)),
             (|_, _| true, boxed(step_start_system)),
-            (|_, w| due::post_reads(w.resource()), boxed(post_reads_system)),
+            (
+                |_, w| due::post_reads(w.resource()),
+                boxed(post_reads_system),
+            ),
             (|_, w| due::bandwidth(w.resource()), boxed(bandwidth_system)),
             (|_, w| due::failures(w.resource()), boxed(fail_system)),
             (|_, _| true, boxed(observe_system)),
