@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::workload::trace::Record;
 
-#[derive(Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Line {
     #[serde(default)]
@@ -23,6 +23,188 @@ struct Line {
     output_length: u32,
     #[serde(default)]
     hash_ids: Vec<u64>,
+}
+
+/// A line in the plain form traces are written in (keys without escapes,
+/// times as plain decimals, whole numbers, a session id that is a plain
+/// string or a whole number), read by hand: what serde_json reads from it,
+/// at a fraction of the cost (most of a trace's bytes are hash ids). None
+/// for anything else, which serde_json then reads or refuses itself; so
+/// whatever this reads, serde_json reads the same (checked in debug builds,
+/// which the fuzzer runs).
+fn fast_parse(raw: &str) -> Option<Line> {
+    let mut c = Cursor {
+        b: raw.as_bytes(),
+        i: 0,
+    };
+    let (mut timestamp, mut delay, mut session_id) = (None, None, None);
+    let (mut input_length, mut output_length, mut hash_ids) = (None, None, None);
+    let mut session_seen = false;
+    c.ws();
+    c.eat(b'{')?;
+    loop {
+        c.ws();
+        let key = c.key()?;
+        c.ws();
+        c.eat(b':')?;
+        c.ws();
+        // A repeated key is left to serde_json (which refuses it).
+        match key {
+            "timestamp" if timestamp.is_none() => timestamp = Some(c.decimal()?),
+            "delay" if delay.is_none() => delay = Some(c.decimal()?),
+            "input_length" if input_length.is_none() => {
+                input_length = Some(u32::try_from(c.whole()?).ok()?)
+            }
+            "output_length" if output_length.is_none() => {
+                output_length = Some(u32::try_from(c.whole()?).ok()?)
+            }
+            "session_id" if !session_seen => {
+                session_seen = true;
+                session_id = c.session()?;
+            }
+            "hash_ids" if hash_ids.is_none() => hash_ids = Some(c.ids()?),
+            _ => return None,
+        }
+        c.ws();
+        if c.eat(b',').is_none() {
+            c.eat(b'}')?;
+            break;
+        }
+    }
+    c.ws();
+    (c.i == c.b.len()).then_some(())?;
+    Some(Line {
+        timestamp,
+        delay,
+        session_id,
+        input_length: input_length?,
+        output_length: output_length?,
+        hash_ids: hash_ids.unwrap_or_default(),
+    })
+}
+
+/// Where [`fast_parse`] is in the line.
+struct Cursor<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+    fn digits(&mut self) -> &'a [u8] {
+        let start = self.i;
+        while self.peek().is_some_and(|c| c.is_ascii_digit()) {
+            self.i += 1;
+        }
+        &self.b[start..self.i]
+    }
+    /// A string without escapes or control characters.
+    fn string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let start = self.i;
+        loop {
+            match self.peek()? {
+                b'"' => break,
+                b'\\' => return None,
+                c if c < 0x20 => return None,
+                _ => self.i += 1,
+            }
+        }
+        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        self.i += 1;
+        Some(text)
+    }
+    fn key(&mut self) -> Option<&'a str> {
+        self.string()
+    }
+    /// A whole number of at most 19 digits (so it fits a u64; longer ones
+    /// are left to serde_json), without a leading zero, and not the start
+    /// of a fraction or an exponent. (One pass over the digits, in locals:
+    /// most of a trace's bytes go through here.)
+    fn whole(&mut self) -> Option<u64> {
+        let (b, start) = (self.b, self.i);
+        let mut i = start;
+        let mut v: u64 = 0;
+        while let Some(&c) = b.get(i) {
+            let d = c.wrapping_sub(b'0');
+            if d > 9 {
+                break;
+            }
+            // (No overflow: 19 digits stay below 10^19 < 2^64.)
+            v = v.wrapping_mul(10).wrapping_add(u64::from(d));
+            i += 1;
+        }
+        let n = i - start;
+        if n == 0 || n > 19 || (b[start] == b'0' && n > 1) {
+            return None;
+        }
+        if matches!(b.get(i), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        self.i = i;
+        Some(v)
+    }
+    /// `digits` or `digits.digits`, without a sign or an exponent, as the
+    /// nearest f64 (as serde_json's `float_roundtrip` reads it).
+    fn decimal(&mut self) -> Option<f64> {
+        let start = self.i;
+        let int = self.digits();
+        if int.is_empty() || (int[0] == b'0' && int.len() > 1) {
+            return None;
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            if self.digits().is_empty() {
+                return None;
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            return None;
+        }
+        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
+        text.parse::<f64>().ok().filter(|v| v.is_finite())
+    }
+    /// `null` (no session), a plain string or a whole number.
+    fn session(&mut self) -> Option<Option<serde_json::Value>> {
+        match self.peek()? {
+            b'"' => Some(Some(serde_json::Value::String(self.string()?.to_string()))),
+            b'n' => {
+                for &c in b"null" {
+                    self.eat(c)?;
+                }
+                Some(None)
+            }
+            _ => Some(Some(serde_json::Value::from(self.whole()?))),
+        }
+    }
+    /// A list of whole numbers.
+    fn ids(&mut self) -> Option<Vec<u64>> {
+        self.eat(b'[')?;
+        self.ws();
+        let mut ids = Vec::new();
+        if self.eat(b']').is_some() {
+            return Some(ids);
+        }
+        loop {
+            ids.push(self.whole()?);
+            self.ws();
+            if self.eat(b',').is_none() {
+                self.eat(b']')?;
+                return Some(ids);
+            }
+            self.ws();
+        }
+    }
 }
 
 /// Reads a Mooncake JSONL trace line by line, handing each record to
@@ -48,13 +230,16 @@ pub fn read(
         if raw.trim().is_empty() {
             continue;
         }
-        // A plain parse; only a line that fails it is parsed again with its
-        // path tracked, for the error (tracking every element of
-        // `hash_ids` cost a quarter more instructions on the peers trace).
-        let parsed = Line::deserialize(&mut serde_json::Deserializer::from_str(&raw));
-        let line = match parsed {
-            Ok(line) => line,
-            Err(_) => tracked_parse(&raw).map_err(|e| {
+        // The hand parse; a line it leaves to serde_json is parsed with the
+        // path of each value tracked, for the error.
+        let fast = fast_parse(&raw);
+        debug_assert!(
+            fast.is_none() || fast == tracked_parse(&raw).ok(),
+            "the fast parse reads what serde_json reads: {raw}"
+        );
+        let line = match fast {
+            Some(line) => line,
+            None => tracked_parse(&raw).map_err(|e| {
                 let field = e.path().to_string();
                 let inner = e.into_inner();
                 let what = if field == "." {
@@ -120,4 +305,66 @@ fn tracked_parse(
     raw: &str,
 ) -> std::result::Result<Line, serde_path_to_error::Error<serde_json::Error>> {
     serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_str(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// serde_json's reading of a line (None: it refuses it).
+    fn serde(line: &str) -> Option<Line> {
+        tracked_parse(line).ok()
+    }
+
+    #[test]
+    fn the_hand_parse_reads_what_serde_json_reads() {
+        for line in [
+            r#"{"session_id":"s0","timestamp":240.485,"input_length":2735,"output_length":325,"hash_ids":[0,1,2]}"#,
+            r#"{ "session_id" : 7 , "delay" : 30 , "input_length" : 40 , "output_length" : 3 , "hash_ids" : [ 9999999999999999999 ] }"#,
+            "{\"input_length\":4,\"output_length\":1,\"session_id\":null,\"hash_ids\":[]}\r\n",
+            r#"{"input_length":4,"output_length":1}"#,
+            r#"{"timestamp":0.1,"input_length":4,"output_length":1,"hash_ids":[0]}"#,
+        ] {
+            let fast = fast_parse(line);
+            assert!(fast.is_some(), "{line}");
+            assert_eq!(fast, serde(line), "{line}");
+        }
+    }
+
+    #[test]
+    fn the_hand_parse_leaves_the_rest_to_serde_json() {
+        // Each is read by serde_json or refused by it, never by the hand
+        // parse: escapes, signs, exponents, leading zeros, floats for whole
+        // numbers, 20 digits (u64::MAX, then an overflow), nulls and repeats, unknown keys, a missing
+        // field, trailing commas, text after the object.
+        for line in [
+            r#"{"hash\u005fids":[1],"input_length":4,"output_length":1}"#,
+            r#"{"session_id":"a\"b","input_length":4,"output_length":1}"#,
+            r#"{"timestamp":-0,"input_length":4,"output_length":1}"#,
+            r#"{"timestamp":1e3,"input_length":4,"output_length":1}"#,
+            r#"{"timestamp":01,"input_length":4,"output_length":1}"#,
+            r#"{"timestamp":null,"input_length":4,"output_length":1}"#,
+            r#"{"input_length":4.0,"output_length":1}"#,
+            r#"{"input_length":4294967296,"output_length":1}"#,
+            r#"{"input_length":4,"output_length":1,"hash_ids":[18446744073709551615]}"#,
+            r#"{"input_length":4,"output_length":1,"hash_ids":[18446744073709551616]}"#,
+            r#"{"input_length":4,"output_length":1,"hash_ids":[1.5]}"#,
+            r#"{"input_length":4,"output_length":1,"hash_ids":null}"#,
+            r#"{"input_length":4,"input_length":4,"output_length":1}"#,
+            r#"{"input_length":4,"output_length":1,"tokens":2}"#,
+            r#"{"output_length":1}"#,
+            r#"{"input_length":4,"output_length":1,"hash_ids":[1,]}"#,
+            r#"{"input_length":4,"output_length":1,}"#,
+            r#"{"input_length":4,"output_length":1} x"#,
+            r#"{"session_id":1.5,"input_length":4,"output_length":1}"#,
+        ] {
+            assert_eq!(fast_parse(line), None, "{line}");
+        }
+        // What serde_json does with some of them: reads the escaped key and
+        // the exponent, refuses the float length and the repeat.
+        assert!(serde(r#"{"hash\u005fids":[1],"input_length":4,"output_length":1}"#).is_some());
+        assert!(serde(r#"{"timestamp":1e3,"input_length":4,"output_length":1}"#).is_some());
+        assert!(serde(r#"{"input_length":4.0,"output_length":1}"#).is_none());
+        assert!(serde(r#"{"input_length":4,"input_length":4,"output_length":1}"#).is_none());
+    }
 }
