@@ -399,12 +399,6 @@ impl BlockPool {
                 continue;
             }
             let slot = self.slot_for(run.stream);
-            // The stream's index reaches the run's last block at once, not
-            // a block at a time (the same length after the loop).
-            let at = &mut self.slots[slot as usize].at;
-            if at.len() < run.count as usize {
-                at.resize(run.count as usize, NONE);
-            }
             for k in from.max(run.first)..end {
                 self.cache_in_slot(table[k as usize], slot, k - run.first);
             }
