@@ -48,13 +48,14 @@ pub fn retire_system(
     );
 }
 
-/// Retires the requests in `finished` (`request` finds one, `index` an
-/// engine's index); each leaves the world when the commands are applied.
+/// Retires the requests in `finished` (`request` finds one,
+/// `engine_index` an engine's index); each leaves the world when the
+/// commands are applied.
 pub(crate) fn retire<'a>(
     now: f64,
     finished: &mut Finished,
     request: impl Fn(Entity) -> &'a Request,
-    index: impl Fn(Entity) -> u32,
+    engine_index: impl Fn(Entity) -> u32,
     counters: &mut Counters,
     agenda: &mut Agenda,
     out: &mut Retirement,
@@ -70,7 +71,7 @@ pub(crate) fn retire<'a>(
         );
         out.metrics.request_finished(r);
         counters.finished(r.output);
-        let decoder = index(r.decoder.expect("routed"));
+        let decoder = engine_index(r.decoder.expect("routed"));
         out.router.book.decode_finished(decoder, r.prompt);
         match r.next_turn {
             Some(NextTurn::Session { session, after }) => {
