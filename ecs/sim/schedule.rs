@@ -423,8 +423,8 @@ impl Sim {
             None => self.schedule.run(&mut self.world),
         }
         // Despawned entities leave a removal record per component, which an
-        // `App` would clear every frame: so does every tick that may despawn
-        // (a fast tick despawns nothing).
+        // `App` would clear every frame: so does every tick (fast ticks
+        // despawn the requests they retired).
         self.world.clear_trackers();
     }
 
@@ -498,7 +498,10 @@ mod due {
         !e.phases.is_empty()
     }
     pub fn faults(e: &TickEvents, q: &FaultQueue) -> bool {
-        fault_events(e) || !q.commands.is_empty()
+        fault_events(e) || fault_commands(q)
+    }
+    pub fn fault_commands(q: &FaultQueue) -> bool {
+        !q.commands.is_empty()
     }
     pub fn fault_events(e: &TickEvents) -> bool {
         !(e.faults.is_empty() && e.router_learns.is_empty())
@@ -507,7 +510,10 @@ mod due {
         e.session_arrivals > 0 || !e.next_turns.is_empty() || !e.trace_arrivals.is_empty()
     }
     pub fn routing(e: &TickEvents, g: &Gateway) -> bool {
-        retries(e) || !g.queue.is_empty()
+        retries(e) || queued(g)
+    }
+    pub fn queued(g: &Gateway) -> bool {
+        !g.queue.is_empty()
     }
     pub fn retries(e: &TickEvents) -> bool {
         !(e.client_retries.is_empty() && e.prefill_retries.is_empty())
@@ -644,12 +650,12 @@ impl DirectTick {
         let mut systems: Vec<Gated> = vec![
             (|e, _| e.phases, boxed(phase_system)),
             (
-                |e, w| e.faults || !w.resource::<FaultQueue>().commands.is_empty(),
+                |e, w| e.faults || due::fault_commands(w.resource()),
                 boxed(faults_system),
             ),
             (|e, _| e.workload, boxed(workload_system)),
             (
-                |e, w| e.retries || !w.resource::<Gateway>().queue.is_empty(),
+                |e, w| e.retries || due::queued(w.resource()),
                 boxed(routing_system),
             ),
             (|e, _| e.transfers, boxed(transfer_system)),
@@ -712,9 +718,9 @@ impl DirectTick {
 /// steps, and when no later system has work either, observes. (The retired
 /// requests' despawns are applied when the fast ticks stop: nothing in a
 /// fast tick looks them up, and nothing is spawned there, so no entity is
-/// reused in between.) Then the next tick is handed
-/// over here, as the loop would ([`pop_tick`]), on the same fetch of the
-/// resources: that is most of a fast tick's cost. It stops at the loop's
+/// reused in between.) Then the next tick is handed over here, as the loop
+/// would ([`pop_tick`]), on the same fetch of the resources: that is most
+/// of a fast tick's cost. It stops at the loop's
 /// next backlog check (a tick count that is a multiple of [`CHECK_EVERY`]),
 /// at an error, at the horizon, and at a tick that is not all step ends.
 /// Returns where the list takes over the last tick (None: that tick is

@@ -44,7 +44,7 @@ fn fast_parse(raw: &str) -> Option<Line> {
     c.eat(b'{')?;
     loop {
         c.ws();
-        let key = c.key()?;
+        let key = c.string()?;
         c.ws();
         c.eat(b':')?;
         c.ws();
@@ -123,9 +123,6 @@ impl<'a> Cursor<'a> {
         let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
         self.i += 1;
         Some(text)
-    }
-    fn key(&mut self) -> Option<&'a str> {
-        self.string()
     }
     /// A whole number of at most 19 digits (so it fits a u64; longer ones
     /// are left to serde_json), without a leading zero, and not the start
