@@ -63,6 +63,18 @@ fn main() {
         "setup: policies of {} (release build), 2 candidate pods per profile",
         sc.source.display()
     );
+    let direct: Vec<String> = p
+        .plugins()
+        .filter(|x| x.evaluates_directly())
+        .map(|x| {
+            format!(
+                "{} ({})",
+                x.path.rsplit('/').next().unwrap_or(&x.path),
+                x.hook.name()
+            )
+        })
+        .collect();
+    println!("hooks the host evaluates itself: {}", direct.join(", "));
     // Each call routes a new request (a new id; the request's other
     // properties and the pods stay the same).
     let mut id = 0;
@@ -84,19 +96,20 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
-    // The same pods every call: a pure hook's answer is remembered after
-    // the first (an exact shortcut, router/policy/memo.rs), so the first
-    // round is the host's cost; the second runs every script on every call.
-    for remembered in [true, false] {
-        if !remembered {
+    // The first round takes the exact shortcuts: hooks in the host's subset
+    // evaluated without rhai (router/policy/direct.rs), other pure hooks'
+    // answers remembered (router/policy/memo.rs; the same pods every call).
+    // The second runs every script in rhai on every call.
+    for shortcuts in [true, false] {
+        if !shortcuts {
             p.forget_answers();
         }
         println!(
             "{}",
-            if remembered {
-                "answers of pure hooks remembered (the same pods every call):"
+            if shortcuts {
+                "with the shortcuts (hooks the host evaluates; remembered answers):"
             } else {
-                "every hook run on every call (the scripts' own cost):"
+                "every hook run in rhai on every call (the scripts' own cost):"
             }
         );
         time("decide (decider)", n, || {

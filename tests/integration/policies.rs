@@ -784,19 +784,34 @@ fn a_plugins_state_starts_as_its_top_level_leaves_it() {
 }
 
 #[test]
-fn remembering_pure_hooks_answers_changes_no_number_of_a_run() {
-    // Hooks that read only their arguments have their answers remembered
-    // by what they read (an exact shortcut): a run with every hook run on
-    // every call must report the same numbers, on the reference policies,
-    // on the router's own bookkeeping as the source, and with a random
-    // tie-break (not remembered).
+fn the_routing_shortcuts_change_no_number_of_a_run() {
+    // Hooks in the host's subset are evaluated without rhai, and other
+    // hooks that read only their arguments have their answers remembered
+    // by what they read (both exact shortcuts): a run with every hook run
+    // in rhai on every call must report the same numbers, on the reference
+    // policies, on the router's own bookkeeping as the source, with a
+    // random tie-break (rhai's), and with a pure decode scorer outside the
+    // subset (a range loop: remembered).
     use pdsim::router::{Router, RouterMode};
     use pdsim::sim::Sim;
-    let cases: [(&str, &[&str]); 4] = [
-        ("scenarios/llmd_nixl_pull.ron", &["horizon=600"]),
+    let dir = std::env::temp_dir().join(format!("pdsim-shortcuts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ranged = dir.join("ranged-active-scorer.rhai");
+    std::fs::write(
+        &ranged,
+        "const DEFAULTS = #{ source: \"pods\" };\n\
+         fn score_all(req, pods) {\n\
+         let s = [];\n\
+         for i in 0..pods.len() { s.push(1.0 / (1 + pods[i].active)); }\n\
+         s\n}\n",
+    )
+    .unwrap();
+    let ranged_set = format!("router.decode.scorers.0.script={}", ranged.display());
+    let cases: [(&str, Vec<&str>); 5] = [
+        ("scenarios/llmd_nixl_pull.ron", vec!["horizon=600"]),
         (
             "scenarios/llmd_nixl_pull.ron",
-            &[
+            vec![
                 "horizon=400",
                 "router.decider.params.source=router",
                 "router.decode.scorers.0.params.source=router",
@@ -805,14 +820,18 @@ fn remembering_pure_hooks_answers_changes_no_number_of_a_run() {
         ),
         (
             "scenarios/llmd_nixl_pull.ron",
-            &["horizon=400", "router.decode.picker.params.ties=random"],
+            vec!["horizon=400", "router.decode.picker.params.ties=random"],
         ),
         (
             "scenarios/llmd_guide_8p2d.ron",
-            &["horizon=300", "warmup=50"],
+            vec!["horizon=300", "warmup=50"],
+        ),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            vec!["horizon=400", &ranged_set],
         ),
     ];
-    for (path, sets) in cases {
+    for (n, (path, sets)) in cases.iter().enumerate() {
         let sc = crate::common::scenario_with(path, sets);
         let mut remembering = Sim::new(&sc).unwrap();
         let mut plain = Sim::new(&sc).unwrap();
@@ -822,15 +841,25 @@ fn remembering_pure_hooks_answers_changes_no_number_of_a_run() {
         let a = remembering.run().unwrap();
         let b = plain.run().unwrap();
         assert_eq!(a.to_json(), b.to_json(), "{path} {sets:?}");
-        // The shortcut was taken: the decode scorer's answers repeat.
+        // The shortcuts were taken: the decode scorer is the host's, or
+        // (the range loop) its answers repeat.
         let RouterMode::Scripts(p) = &remembering.world.non_send::<Router>().mode else {
             panic!("scripts route")
         };
-        assert!(p.decode.scorers[0].remembers(), "{path} {sets:?}");
+        let scorer = &p.decode.scorers[0];
+        if n == 4 {
+            assert!(
+                !scorer.evaluates_directly() && scorer.remembers(),
+                "{sets:?}"
+            );
+        } else {
+            assert!(scorer.evaluates_directly(), "{path} {sets:?}");
+        }
         assert!(
             a.routing_decisions > 500,
             "{path}: {} decisions",
             a.routing_decisions
         );
     }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -25,6 +25,7 @@
 //! | [`plugin`] | one plugin: its script compiled, its hook, `params`, `state` |
 //! | [`checks`] | what is refused at load, and how script errors read |
 //! | [`memo`] | answers of pure hooks, remembered by what they read |
+//! | [`direct`] | hooks the host evaluates itself, without the interpreter |
 
 use rhai::{Array, Dynamic, Engine};
 use std::path::Path;
@@ -34,6 +35,7 @@ use crate::error::Result;
 use crate::scenario;
 
 pub mod checks;
+pub(crate) mod direct;
 mod memo;
 pub mod plugin;
 pub mod sandbox;
@@ -43,7 +45,6 @@ use plugin::Inputs;
 pub use plugin::{Hook, Plugin};
 pub use views::{PodView, ReqView};
 
-use plugin::refill;
 use sandbox::{new_engine, number};
 
 /// The scheduling profile of one role: filters → weighted scorers → picker.
@@ -63,12 +64,23 @@ pub struct Policies {
     scores: Vec<f64>,
     candidates: Vec<usize>,
     kept: Vec<usize>,
-    /// The request's and the pods' script values, refilled in place for
-    /// the next decision. Scripts get copies (plain values, never shared
-    /// ones: rhai's size limits refuse shared values inside arrays and
-    /// maps), so a copy kept in `state` does not change under it.
-    pod_args: Vec<Dynamic>,
-    req_arg: Option<(ReqView, Dynamic)>,
+    numbers: Vec<f64>,
+}
+
+/// The script values of a hook's arguments, made only when rhai runs it
+/// (the host evaluates most hooks itself). Scripts get copies (plain
+/// values, never shared ones: rhai's size limits refuse shared values
+/// inside arrays and maps), so a copy kept in `state` does not change under
+/// it.
+fn req_arg(req: &ReqView) -> Dynamic {
+    Dynamic::from(req.clone())
+}
+
+fn pods_arg(candidates: &[usize], pods: &[PodView]) -> Array {
+    candidates
+        .iter()
+        .map(|&i| Dynamic::from(pods[i].clone()))
+        .collect()
 }
 
 impl Profile {
@@ -117,8 +129,7 @@ impl Policies {
             scores: Vec::new(),
             candidates: Vec::new(),
             kept: Vec::new(),
-            pod_args: Vec::new(),
-            req_arg: None,
+            numbers: Vec::new(),
         };
         Ok(policies)
     }
@@ -136,8 +147,6 @@ impl Policies {
         )?;
         self.decode = Profile::load(&self.engine, &router.decode)?;
         self.prefill = Profile::load(&self.engine, &router.prefill)?;
-        self.pod_args.clear();
-        self.req_arg = None;
         Ok(())
     }
 
@@ -154,24 +163,6 @@ impl Policies {
         self.plugins().for_each(Plugin::forget_answers);
     }
 
-    /// The request as a script value, made once per decision: the decode
-    /// profile, the decider and the prefill profile share it.
-    fn req_arg(&mut self, req: &ReqView) -> Dynamic {
-        match &mut self.req_arg {
-            Some((view, arg)) if view == req => arg.clone(),
-            Some((view, arg)) => {
-                refill(arg, req);
-                *view = req.clone();
-                arg.clone()
-            }
-            None => {
-                let arg = Dynamic::from(req.clone());
-                self.req_arg = Some((req.clone(), arg.clone()));
-                arg
-            }
-        }
-    }
-
     /// The decider's verdict: prefill remotely? A decider of three
     /// arguments also sees the candidate prefill pods.
     pub fn decide(
@@ -180,12 +171,11 @@ impl Policies {
         pod: &PodView,
         prefill_pods: Option<&[PodView]>,
     ) -> Result<bool> {
-        let req_arg = self.req_arg(req);
         let d = &self.decider;
         let out = match prefill_pods {
             Some(pods) if d.arity == 3 => {
                 let pods: Array = pods.iter().map(|p| Dynamic::from(p.clone())).collect();
-                d.call(&self.engine, (req_arg, pod.clone(), pods), req)?
+                d.call(&self.engine, (req_arg(req), pod.clone(), pods), req)?
             }
             _ => {
                 let inputs = Inputs {
@@ -193,7 +183,7 @@ impl Policies {
                     candidates: &[0],
                     scores: &[],
                 };
-                d.call_on(&self.engine, inputs, || (req_arg, pod.clone()), req)?
+                d.call_on(&self.engine, inputs, || (req_arg(req), pod.clone()), req)?
             }
         };
         out.as_bool().map_err(|t| {
@@ -207,32 +197,38 @@ impl Policies {
 
     /// Runs a profile over `pods`; returns the position in `pods` of the pick.
     pub fn choose(&mut self, role: Role, req: &ReqView, pods: &[PodView]) -> Result<usize> {
-        let req_arg = self.req_arg(req);
         let profile = match role {
             Role::Decode => &self.decode,
             Role::Prefill => &self.prefill,
         };
-        // Each pod's script value, refilled in place; the calls get copies.
-        self.pod_args.truncate(pods.len());
-        for (i, p) in pods.iter().enumerate() {
-            match self.pod_args.get_mut(i) {
-                Some(arg) => refill(arg, p),
-                None => self.pod_args.push(Dynamic::from(p.clone())),
-            }
-        }
         let candidates = &mut self.candidates;
         candidates.clear();
         candidates.extend(0..pods.len());
-        let array_of = |c: &[usize], args: &[Dynamic]| -> Array {
-            c.iter().map(|&i| args[i].clone()).collect()
-        };
 
         // Filters: each keeps a subset; keeping nobody is an error (a request
         // must go somewhere: llm-d's filters fall back to all themselves).
         for f in &profile.filters {
+            let inputs = Inputs {
+                pods,
+                candidates,
+                scores: &[],
+            };
+            let args = || (req_arg(req), pods_arg(candidates, pods));
+            let direct = f.answer_directly(
+                &self.engine,
+                &inputs,
+                req,
+                &mut self.numbers,
+                &mut self.kept,
+                Some(args),
+            );
+            if direct.is_some() {
+                std::mem::swap(candidates, &mut self.kept);
+                continue;
+            }
             let out = f.call(
                 &self.engine,
-                (req_arg.clone(), array_of(candidates, &self.pod_args)),
+                (req_arg(req), pods_arg(candidates, pods)),
                 req,
             )?;
             let kept = out
@@ -317,7 +313,34 @@ impl Policies {
                     candidates,
                     scores: &[],
                 };
-                let args = || (req_arg.clone(), array_of(candidates, &self.pod_args));
+                let args = || (req_arg(req), pods_arg(candidates, pods));
+                let numbers = &mut self.numbers;
+                if s.answer_directly(
+                    &self.engine,
+                    &inputs,
+                    req,
+                    numbers,
+                    &mut self.kept,
+                    Some(args),
+                )
+                .is_some()
+                {
+                    if numbers.len() != candidates.len() {
+                        return Err(s.error(
+                            &format!(
+                                "`score_all` returned {} scores for {} pods",
+                                numbers.len(),
+                                candidates.len()
+                            ),
+                            None,
+                            req,
+                        ));
+                    }
+                    for (k, &v) in numbers.iter().enumerate() {
+                        add(k, &Dynamic::from_float(v), &mut self.scores)?;
+                    }
+                    continue;
+                }
                 let out = s.call_on(&self.engine, inputs, args, req)?;
                 let arr = out.try_cast::<Array>().ok_or_else(|| {
                     s.error(
@@ -347,7 +370,7 @@ impl Policies {
                         candidates: std::slice::from_ref(pod),
                         scores: &[],
                     };
-                    let args = || (req_arg.clone(), self.pod_args[*pod].clone());
+                    let args = || (req_arg(req), Dynamic::from(pods[*pod].clone()));
                     let out = s.call_on(&self.engine, inputs, args, req)?;
                     add(k, &out, &mut self.scores)?;
                 }
@@ -386,7 +409,7 @@ impl Policies {
                 .iter()
                 .map(|&v| Dynamic::from_float(v))
                 .collect();
-            (req_arg, array_of(candidates, &self.pod_args), scores)
+            (req_arg(req), pods_arg(candidates, pods), scores)
         };
         let out = p.call_on(&self.engine, inputs, args, req)?;
         let idx = out.as_int().map_err(|t| {

@@ -7,11 +7,13 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::router::policy::ReqView;
 use crate::router::policy::checks::{
     check_given_params, check_length, check_params_use, check_properties, describe, error_line,
 };
+use crate::router::policy::direct::{Answer, Direct};
 use crate::router::policy::memo::{self, Memo};
+use crate::router::policy::sandbox::number;
+use crate::router::policy::{PodView, ReqView};
 use crate::scenario::ParamValue;
 
 /// Which hook a plugin provides.
@@ -78,6 +80,11 @@ pub struct Plugin {
     runtime: RefCell<Runtime>,
     /// The answers remembered when the hook is pure (see [`memo`]).
     pub(crate) memo: RefCell<Option<Memo>>,
+    /// The hook translated for the host to evaluate, when it is in the
+    /// subset [`direct`] takes (then neither rhai nor the memo runs, unless
+    /// an evaluation gives up).
+    pub(crate) direct: Option<Direct>,
+    direct_on: std::cell::Cell<bool>,
     pub weight: f64,
 }
 
@@ -295,9 +302,21 @@ impl Plugin {
             arg_names,
         };
         check_properties(&runtime.body, hook, &runtime.arg_names, path)?;
+        let redefines = memo::redefines_pure_function(&ast);
         let memo = memo::pure_reads(&runtime.body, hook, &runtime.arg_names)
-            .filter(|_| !memo::redefines_pure_function(&ast))
+            .filter(|_| !redefines)
             .map(Memo::new);
+        let direct = (!redefines)
+            .then(|| {
+                Direct::translate(
+                    &runtime.body,
+                    hook,
+                    &runtime.arg_names,
+                    engine.max_operations(),
+                    engine.max_array_size(),
+                )
+            })
+            .flatten();
         Ok(Plugin {
             path: path.to_string(),
             arity: runtime.arg_names.len(),
@@ -305,6 +324,8 @@ impl Plugin {
             hook_line: definition_line(&text, hook.name()),
             runtime: RefCell::new(runtime),
             memo: RefCell::new(memo),
+            direct,
+            direct_on: std::cell::Cell::new(true),
             weight,
         })
     }
@@ -345,7 +366,8 @@ impl Plugin {
         }
     }
 
-    /// The hook's answer on `inputs`: the remembered one when the hook is
+    /// The hook's answer on `inputs`: evaluated directly when the hook is
+    /// in [`direct`]'s subset, else the remembered one when the hook is
     /// pure and answered the same inputs before, else computed from `args`
     /// (built only then).
     pub(crate) fn call_on<A: rhai::FuncArgs>(
@@ -355,6 +377,28 @@ impl Plugin {
         args: impl FnOnce() -> A,
         req: &ReqView,
     ) -> Result<Dynamic> {
+        if matches!(self.hook, Hook::Decide | Hook::Score | Hook::Pick) {
+            let (mut numbers, mut kept) = (Vec::new(), Vec::new());
+            let direct = self.answer_directly(
+                engine,
+                &inputs,
+                req,
+                &mut numbers,
+                &mut kept,
+                None::<fn() -> A>,
+            );
+            if let Some(answer) = direct {
+                if cfg!(debug_assertions) {
+                    self.check_direct(engine, &answer, &inputs, &numbers, &kept, args(), req);
+                }
+                return Ok(match answer {
+                    Answer::Bool(b) => Dynamic::from_bool(b),
+                    Answer::Number(x) => Dynamic::from_float(x),
+                    Answer::Int(i) => Dynamic::from_int(i),
+                    Answer::Numbers | Answer::Kept => unreachable!("a scalar hook"),
+                });
+            }
+        }
         let mut slot = self.memo.borrow_mut();
         let Some(memo) = slot.as_mut() else {
             return self.call(engine, args(), req);
@@ -372,16 +416,106 @@ impl Plugin {
         Ok(answer)
     }
 
+    /// The hook's answer evaluated by the host ([`direct`]), or None where
+    /// rhai must answer: a `score_all`'s numbers go to `numbers`, a
+    /// `filter`'s kept positions to `kept`. Debug builds check it against
+    /// rhai's, computed from `args` when given.
+    pub(crate) fn answer_directly<A: rhai::FuncArgs>(
+        &self,
+        engine: &Engine,
+        inputs: &Inputs,
+        req: &ReqView,
+        numbers: &mut Vec<f64>,
+        kept: &mut Vec<usize>,
+        args: Option<impl FnOnce() -> A>,
+    ) -> Option<Answer> {
+        let direct = self.direct.as_ref().filter(|_| self.direct_on.get())?;
+        let answer = direct.answer(self.hook, req, inputs, numbers, kept)?;
+        if cfg!(debug_assertions)
+            && let Some(args) = args
+        {
+            self.check_direct(engine, &answer, inputs, numbers, kept, args(), req);
+        }
+        Some(answer)
+    }
+
+    /// Panics unless rhai answers what the host did (debug builds).
+    #[allow(clippy::too_many_arguments)]
+    fn check_direct(
+        &self,
+        engine: &Engine,
+        answer: &Answer,
+        inputs: &Inputs,
+        numbers: &[f64],
+        kept: &[usize],
+        args: impl rhai::FuncArgs,
+        req: &ReqView,
+    ) {
+        match self.rhai_agrees(engine, answer, inputs, numbers, kept, args, req) {
+            Ok(true) => {}
+            Ok(false) => panic!(
+                "{}: the host's direct answer differs from rhai's",
+                self.path
+            ),
+            Err(e) => panic!("{}: rhai failed where the host answered: {e}", self.path),
+        }
+    }
+
+    /// Whether rhai, run on `args`, answers what the host did.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rhai_agrees(
+        &self,
+        engine: &Engine,
+        answer: &Answer,
+        inputs: &Inputs,
+        numbers: &[f64],
+        kept: &[usize],
+        args: impl rhai::FuncArgs,
+        req: &ReqView,
+    ) -> Result<bool> {
+        let out = self.call(engine, args, req)?;
+        let same = |x: f64, y: Option<f64>| y.is_some_and(|y| x.to_bits() == y.to_bits());
+        Ok(match answer {
+            Answer::Bool(b) => out.as_bool() == Ok(*b),
+            Answer::Int(i) => out.as_int() == Ok(*i),
+            Answer::Number(x) => same(*x, number(&out)),
+            Answer::Numbers => out.try_cast::<rhai::Array>().is_some_and(|a| {
+                a.len() == numbers.len() && a.iter().zip(numbers).all(|(v, &x)| same(x, number(v)))
+            }),
+            Answer::Kept => out.try_cast::<rhai::Array>().is_some_and(|a| {
+                let mut got: Vec<usize> = a
+                    .iter()
+                    .filter_map(|v| v.read_lock::<PodView>().map(|p| p.index))
+                    .filter_map(|index| {
+                        inputs
+                            .candidates
+                            .iter()
+                            .copied()
+                            .find(|&i| inputs.pods[i].index == index)
+                    })
+                    .collect();
+                got.sort_unstable();
+                got == kept
+            }),
+        })
+    }
+
     /// Whether the hook's answers are remembered: it is pure, and its
     /// inputs have not turned out to seldom repeat (see [`memo::TRIAL`]).
     pub fn remembers(&self) -> bool {
         self.memo.borrow().is_some()
     }
 
-    /// From now on the hook runs on every call (to measure the scripts, or
-    /// to check that remembering changes nothing).
+    /// Whether the host evaluates the hook itself ([`direct`]).
+    pub fn evaluates_directly(&self) -> bool {
+        self.direct.is_some() && self.direct_on.get()
+    }
+
+    /// From now on the hook runs in rhai on every call (to measure the
+    /// scripts, or to check that the shortcuts change nothing).
     pub fn forget_answers(&self) {
         *self.memo.borrow_mut() = None;
+        self.direct_on.set(false);
     }
 
     /// An error naming the script, the hook, the line and the request. For
@@ -400,13 +534,4 @@ impl Plugin {
             req.turn
         ))
     }
-}
-
-/// Puts `value` into the script value `cell` in place.
-pub(crate) fn refill<T: rhai::Variant + Clone>(cell: &mut Dynamic, value: &T) {
-    if let Some(mut inner) = cell.write_lock::<T>() {
-        *inner = value.clone();
-        return;
-    }
-    *cell = Dynamic::from(value.clone());
 }
