@@ -83,42 +83,64 @@ impl PathBuilder {
         let mut seen = 0u32;
         // (stream, position in it) of the block just matched.
         let mut at: Option<(u32, u32)> = None;
-        for (j, &id) in hash_ids[..full].iter().enumerate() {
-            let (next, known) = match at {
+        let mut j = 0;
+        while j < full {
+            let id = hash_ids[j];
+            let next = match at {
                 None => match self.roots.get(&id) {
-                    Some(&s) => ((s, 0), true),
+                    Some(&s) => {
+                        seen += b;
+                        (s, 0)
+                    }
                     None => {
                         let s = self.new_stream(id, 0);
                         self.roots.insert(id, s);
-                        ((s, 0), false)
+                        (s, 0)
                     }
                 },
                 Some((s, p)) => {
-                    let ids = &self.streams[s as usize].ids;
-                    if ids.get(p as usize + 1) == Some(&id) {
-                        ((s, p + 1), true)
-                    } else if let Some(&t) = self.branches.get(&(s, p, id)) {
-                        ((t, 0), true)
-                    } else if p as usize + 1 == ids.len() {
-                        self.streams[s as usize].ids.push(id);
-                        ((s, p + 1), false)
-                    } else {
-                        let t = self.new_stream(id, j as u32);
-                        self.branches.insert((s, p, id), t);
-                        ((t, 0), false)
+                    let ids = &mut self.streams[s as usize].ids;
+                    let rest = &hash_ids[j..full];
+                    // Along the stream, a slice at a time: the ids that
+                    // follow it are known blocks.
+                    let along = ids[p as usize + 1..]
+                        .iter()
+                        .zip(rest)
+                        .take_while(|(a, b)| a == b)
+                        .count();
+                    if along > 0 {
+                        seen += along as u32 * b;
+                        j += along;
+                        at = Some((s, p + along as u32));
+                        continue;
+                    }
+                    if p as usize + 1 == ids.len() {
+                        // At the stream's end (no branch starts there:
+                        // streams branch only off their middle), the rest
+                        // of the chain is new and extends it.
+                        ids.extend_from_slice(rest);
+                        break;
+                    }
+                    match self.branches.get(&(s, p, id)) {
+                        Some(&t) => {
+                            seen += b;
+                            (t, 0)
+                        }
+                        None => {
+                            let t = self.new_stream(id, j as u32);
+                            self.branches.insert((s, p, id), t);
+                            (t, 0)
+                        }
                     }
                 }
             };
-            if known {
-                seen += b;
-            }
-            if next.1 == 0 {
-                segments.push(Segment {
-                    stream: next.0 as u64,
-                    start: self.streams[next.0 as usize].first * b,
-                });
-            }
+            // A stream entered at its first block: a segment of the path.
+            segments.push(Segment {
+                stream: next.0 as u64,
+                start: self.streams[next.0 as usize].first * b,
+            });
             at = Some(next);
+            j += 1;
         }
         segments.push(Segment {
             stream: tail_stream,
@@ -131,6 +153,108 @@ impl PathBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{RngExt, SeedableRng};
+
+    /// The chains followed block by block (the builder before it followed
+    /// a stream a slice at a time): the reference the builder must match.
+    struct BlockByBlock {
+        streams: Vec<Vec<u64>>,
+        firsts: Vec<u32>,
+        roots: FastMap<u64, u32>,
+        branches: FastMap<(u32, u32, u64), u32>,
+    }
+
+    impl BlockByBlock {
+        fn path(&mut self, hash_ids: &[u64], full: usize, b: u32) -> (Vec<(u64, u32)>, u32) {
+            let (mut segments, mut seen, mut at) = (Vec::new(), 0, None::<(u32, u32)>);
+            for (j, &id) in hash_ids[..full].iter().enumerate() {
+                let mut stream = |this: &mut Self, first: u32| {
+                    this.streams.push(vec![id]);
+                    this.firsts.push(first);
+                    (this.streams.len() - 1) as u32
+                };
+                let (next, known) = match at {
+                    None => match self.roots.get(&id) {
+                        Some(&s) => ((s, 0), true),
+                        None => {
+                            let s = stream(self, 0);
+                            self.roots.insert(id, s);
+                            ((s, 0), false)
+                        }
+                    },
+                    Some((s, p)) => {
+                        let ids = &self.streams[s as usize];
+                        if ids.get(p as usize + 1) == Some(&id) {
+                            ((s, p + 1), true)
+                        } else if let Some(&t) = self.branches.get(&(s, p, id)) {
+                            ((t, 0), true)
+                        } else if p as usize + 1 == ids.len() {
+                            self.streams[s as usize].push(id);
+                            ((s, p + 1), false)
+                        } else {
+                            let t = stream(self, j as u32);
+                            self.branches.insert((s, p, id), t);
+                            ((t, 0), false)
+                        }
+                    }
+                };
+                seen += if known { b } else { 0 };
+                if next.1 == 0 {
+                    segments.push((next.0 as u64, self.firsts[next.0 as usize] * b));
+                }
+                at = Some(next);
+            }
+            (segments, seen)
+        }
+    }
+
+    #[test]
+    fn following_a_stream_a_slice_at_a_time_builds_the_same_paths() {
+        // Multi-turn chains (each turn extends an earlier one of its
+        // session, or cuts it short and branches), with shared roots.
+        let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(3);
+        let b = 16;
+        let mut fast = PathBuilder::new(b);
+        let mut slow = BlockByBlock {
+            streams: Vec::new(),
+            firsts: Vec::new(),
+            roots: FastMap::default(),
+            branches: FastMap::default(),
+        };
+        let mut chains: Vec<Vec<u64>> = Vec::new();
+        let mut next_id = 0u64;
+        for r in 0..3000u64 {
+            let mut ids: Vec<u64> = match chains.len() {
+                0 => Vec::new(),
+                n => {
+                    let c = &chains[rng.random_range(0..n)];
+                    c[..rng.random_range(0..=c.len())].to_vec()
+                }
+            };
+            for _ in 0..rng.random_range(0..40) {
+                // Now and then an id seen before (a repeated block).
+                ids.push(if rng.random_range(0..8) == 0 {
+                    rng.random_range(0..=next_id)
+                } else {
+                    next_id
+                });
+                next_id += 1;
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            let input = ids.len() as u32 * b - rng.random_range(0..b);
+            let full = (input / b) as usize;
+            let (path, seen) = fast.path(&ids, input, 1 << 40 | r).unwrap();
+            let (want, want_seen) = slow.path(&ids, full, b);
+            let mut got = segs(&(path, seen));
+            got.0.pop(); // the request's own tail stream
+            assert_eq!(got, (want, want_seen), "request {r}: {ids:?}");
+            chains.push(ids);
+        }
+        let sizes: Vec<usize> = fast.streams.iter().map(|s| s.ids.len()).collect();
+        assert_eq!(sizes, slow.streams.iter().map(Vec::len).collect::<Vec<_>>());
+    }
 
     fn segs(p: &(BlockPath, u32)) -> (Vec<(u64, u32)>, u32) {
         let s = p.0.segments().iter().map(|s| (s.stream, s.start)).collect();
