@@ -996,6 +996,17 @@ mod tests {
     }
 
     #[test]
+    fn every_property_a_script_may_read_is_the_hosts_too() {
+        use crate::router::policy::views::{POD_PROPERTIES, REQ_PROPERTIES};
+        for p in REQ_PROPERTIES {
+            assert!(req_prop(p).is_some(), "request property {p}");
+        }
+        for p in POD_PROPERTIES {
+            assert!(pod_prop(p).is_some(), "pod property {p}");
+        }
+    }
+
+    #[test]
     fn the_catalogues_pure_hooks_are_evaluated_by_the_host_as_rhai_does() {
         let e = engine(&ScriptLimits::default());
         let sources = [str_param("pods"), str_param("router")];

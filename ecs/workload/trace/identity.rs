@@ -168,7 +168,7 @@ mod tests {
         fn path(&mut self, hash_ids: &[u64], full: usize, b: u32) -> (Vec<(u64, u32)>, u32) {
             let (mut segments, mut seen, mut at) = (Vec::new(), 0, None::<(u32, u32)>);
             for (j, &id) in hash_ids[..full].iter().enumerate() {
-                let mut stream = |this: &mut Self, first: u32| {
+                let stream = |this: &mut Self, first: u32| {
                     this.streams.push(vec![id]);
                     this.firsts.push(first);
                     (this.streams.len() - 1) as u32
