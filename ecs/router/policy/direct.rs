@@ -5,17 +5,19 @@
 //! below runs in rhai as before.
 //!
 //! The subset: `let`, `=` to a variable, `if`/`else` (as statement or
-//! value), `return`, blocks, `for p in pods`; numbers, bools, strings, `[]`;
-//! `req.x` and `pod.x`; `+ - * / %`, comparisons, `&&`, `||`, `!`, unary
-//! `-`; `x.to_float()`, `x.len()`, `x.is_empty()`, `a.push(v)` on an array
-//! the hook made; `argmax(scores, "first")`. Nothing in it has a side
+//! value), `return`, blocks, `for x in pods` and `for x in` an array the
+//! hook made; numbers, bools, strings, `[]`; `req.x`, `pod.x`, `a[i]`;
+//! `+ - * / %`, comparisons, `&&`, `||`, `!`, unary `-`, `min`, `max`;
+//! `x.to_float()`, `x.len()`, `x.is_empty()`, `a.push(v)` on an array the
+//! hook made; `argmax(scores, "first")`. Nothing in it has a side
 //! effect, so whenever an evaluation meets a case it does not mirror bit for
 //! bit — an integer overflow or a division by zero (rhai's errors), a value
 //! of a type an operator does not take, a limit rhai could reach — it gives
 //! up and the call runs in rhai, which answers or fails as it always did.
 //! Where it answers, it answers what rhai does: integer arithmetic checked,
-//! an integer meeting a float becomes a float, and comparisons involving a
-//! float use rhai's relative tolerance (its checked build's rule). Debug
+//! an integer meeting a float becomes a float, `min` and `max` compare
+//! plainly, and the comparison operators involving a float use rhai's
+//! relative tolerance (its checked build's rule). Debug
 //! builds (the `checked` test profile) run rhai too on every call and
 //! compare.
 //!
