@@ -78,6 +78,8 @@ enum E {
     Const(V),
     Local(u16),
     Prop(Box<E>, Option<fn(&ReqView) -> V>, Option<PodField>),
+    /// `x.p` of a variable (the commonest read: no recursion).
+    LocalProp(u16, Option<fn(&ReqView) -> V>, Option<PodField>),
     Bin(Op, Box<E>, Box<E>),
     Neg(Box<E>),
     Not(Box<E>),
@@ -424,7 +426,10 @@ impl Translator {
                 if r.is_none() && q.is_none() {
                     return None;
                 }
-                E::Prop(on, r, q)
+                match *on {
+                    E::Local(slot) => E::LocalProp(slot, r, q),
+                    _ => E::Prop(on, r, q),
+                }
             }
             Expr::MethodCall(f, _) if f.namespace.is_empty() && f.args.is_empty() => {
                 match f.name.as_str() {
@@ -679,23 +684,42 @@ impl Eval<'_> {
         Ok(())
     }
 
+    /// A property of `of`.
+    #[inline(always)]
+    fn prop(&self, of: V, r: &Option<fn(&ReqView) -> V>, p: &Option<PodField>) -> R<V> {
+        Ok(match (of, r, p) {
+            (V::Req, Some(f), _) => f(self.req),
+            (V::Pod(k), _, Some(PodField::Number(f))) => f(self.pod(k)),
+            (V::Pod(k), _, Some(PodField::Role)) => {
+                let role = &self.pod(k).role;
+                match self.strings.iter().position(|s| s == role) {
+                    Some(i) => V::Str(i as u32),
+                    None => V::OtherStr,
+                }
+            }
+            _ => return Err(GiveUp),
+        })
+    }
+
+    /// An expression's value: the leaves here, inline; the rest in `node`.
+    #[inline(always)]
     fn expr(&mut self, e: &E) -> R<V> {
         self.visit()?;
+        match e {
+            E::Const(v) => Ok(*v),
+            E::Local(slot) => Ok(self.frame.slots[*slot as usize]),
+            E::LocalProp(slot, r, p) => self.prop(self.frame.slots[*slot as usize], r, p),
+            _ => self.node(e),
+        }
+    }
+
+    fn node(&mut self, e: &E) -> R<V> {
         Ok(match e {
-            E::Const(v) => *v,
-            E::Local(slot) => self.frame.slots[*slot as usize],
-            E::Prop(of, r, p) => match (self.expr(of)?, r, p) {
-                (V::Req, Some(f), _) => f(self.req),
-                (V::Pod(k), _, Some(PodField::Number(f))) => f(self.pod(k)),
-                (V::Pod(k), _, Some(PodField::Role)) => {
-                    let role = &self.pod(k).role;
-                    match self.strings.iter().position(|s| s == role) {
-                        Some(i) => V::Str(i as u32),
-                        None => V::OtherStr,
-                    }
-                }
-                _ => return Err(GiveUp),
-            },
+            E::Const(_) | E::Local(_) | E::LocalProp(..) => unreachable!("a leaf"),
+            E::Prop(of, r, p) => {
+                let of = self.expr(of)?;
+                self.prop(of, r, p)?
+            }
             E::Bin(op, a, b) => {
                 let a = self.expr(a)?;
                 let b = self.expr(b)?;
