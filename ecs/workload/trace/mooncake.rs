@@ -32,11 +32,8 @@ struct Line {
 /// for anything else, which serde_json then reads or refuses itself; so
 /// whatever this reads, serde_json reads the same (checked in debug builds,
 /// which the fuzzer runs).
-fn fast_parse(raw: &str) -> Option<Line> {
-    let mut c = Cursor {
-        b: raw.as_bytes(),
-        i: 0,
-    };
+fn fast_parse(raw: &[u8]) -> Option<Line> {
+    let mut c = Cursor { b: raw, i: 0 };
     let (mut timestamp, mut delay, mut session_id) = (None, None, None);
     let (mut input_length, mut output_length, mut hash_ids) = (None, None, None);
     let mut session_seen = false;
@@ -257,46 +254,57 @@ pub fn read(
     mut take: impl FnMut(Record) -> Result<bool>,
 ) -> Result<()> {
     let file = path.display();
-    let mut raw = String::new();
+    let mut raw: Vec<u8> = Vec::new();
     let mut n = 0;
     loop {
         raw.clear();
         n += 1;
         let len = reader
-            .read_line(&mut raw)
+            .read_until(b'\n', &mut raw)
             .map_err(|e| Error::new(format!("{file}:{n}: cannot read: {e}")))?;
         if len == 0 {
             return Ok(());
         }
-        if raw.trim().is_empty() {
-            continue;
-        }
-        // The hand parse; a line it leaves to serde_json is parsed with the
+        // The hand parse reads the bytes (what it accepts is UTF-8: ASCII
+        // outside the strings it checks); a line it leaves is checked as
+        // UTF-8, as `read_line` would, then parsed by serde_json with the
         // path of each value tracked, for the error.
         let fast = fast_parse(&raw);
         debug_assert!(
-            fast.is_none() || fast == tracked_parse(&raw).ok(),
-            "the fast parse reads what serde_json reads: {raw}"
+            fast.is_none()
+                || std::str::from_utf8(&raw).is_ok_and(|text| fast == tracked_parse(text).ok()),
+            "the fast parse reads what serde_json reads: {}",
+            String::from_utf8_lossy(&raw)
         );
         let line = match fast {
             Some(line) => line,
-            None => tracked_parse(&raw).map_err(|e| {
-                let field = e.path().to_string();
-                let inner = e.into_inner();
-                let what = if field == "." {
-                    String::new()
-                } else {
-                    format!(" field `{field}`:")
-                };
-                // serde_json names the line and column of the line itself.
-                let msg = inner.to_string();
-                let msg = msg.rfind(" at line ").map_or(msg.as_str(), |i| &msg[..i]);
-                Error::new(format!(
-                    "{file}:{n}:{}:{what} {msg} (a Mooncake line has timestamp, delay, session_id, \
-                 input_length, output_length, hash_ids)",
-                    inner.column()
-                ))
-            })?,
+            None => {
+                let text = std::str::from_utf8(&raw).map_err(|_| {
+                    Error::new(format!(
+                        "{file}:{n}: cannot read: stream did not contain valid UTF-8"
+                    ))
+                })?;
+                if text.trim().is_empty() {
+                    continue;
+                }
+                tracked_parse(text).map_err(|e| {
+                    let field = e.path().to_string();
+                    let inner = e.into_inner();
+                    let what = if field == "." {
+                        String::new()
+                    } else {
+                        format!(" field `{field}`:")
+                    };
+                    // serde_json names the line and column of the line itself.
+                    let msg = inner.to_string();
+                    let msg = msg.rfind(" at line ").map_or(msg.as_str(), |i| &msg[..i]);
+                    Error::new(format!(
+                        "{file}:{n}:{}:{what} {msg} (a Mooncake line has timestamp, delay, session_id, \
+                     input_length, output_length, hash_ids)",
+                        inner.column()
+                    ))
+                })?
+            }
         };
         let bad =
             |field: &str, why: &str| Error::new(format!("{file}:{n}: field `{field}`: {why}"));
@@ -366,10 +374,30 @@ mod tests {
             r#"{"input_length":4,"output_length":1}"#,
             r#"{"timestamp":0.1,"input_length":4,"output_length":1,"hash_ids":[0]}"#,
         ] {
-            let fast = fast_parse(line);
+            let fast = fast_parse(line.as_bytes());
             assert!(fast.is_some(), "{line}");
             assert_eq!(fast, serde(line), "{line}");
         }
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_refused_with_its_number() {
+        // A session id with a byte that is not UTF-8, on line 2 (line 1
+        // plain, line 3 never read).
+        let text: &[u8] = b"{\"input_length\":4,\"output_length\":1}\n\
+            {\"session_id\":\"a\xffb\",\"input_length\":4,\"output_length\":1}\n\
+            {\"input_length\":4,\"output_length\":1}\n";
+        let mut taken = 0;
+        let err = read(text, Path::new("t.jsonl"), |_| {
+            taken += 1;
+            Ok(true)
+        })
+        .unwrap_err();
+        assert_eq!(taken, 1);
+        assert_eq!(
+            err.to_string(),
+            "t.jsonl:2: cannot read: stream did not contain valid UTF-8"
+        );
     }
 
     #[test]
@@ -453,7 +481,7 @@ mod tests {
             r#"{"input_length":4,"output_length":1} x"#,
             r#"{"session_id":1.5,"input_length":4,"output_length":1}"#,
         ] {
-            assert_eq!(fast_parse(line), None, "{line}");
+            assert_eq!(fast_parse(line.as_bytes()), None, "{line}");
         }
         // What serde_json does with some of them: reads the escaped key and
         // the exponent, refuses the float length and the repeat.
