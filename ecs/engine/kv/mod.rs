@@ -399,16 +399,43 @@ impl BlockPool {
                 continue;
             }
             let slot = self.slot_for(run.stream);
+            // The stream's index is sized for the run once, and its cached
+            // prefix lengthened once after it (blocks are only added here:
+            // the prefix ends at the first gap at or after where it ended).
+            let len = (end - run.first) as usize;
+            let at = &mut self.slots[slot as usize].at;
+            if at.len() < len {
+                at.resize(len, NONE);
+            }
             for k in from.max(run.first)..end {
-                self.cache_in_slot(table[k as usize], slot, k - run.first);
+                self.cache_in_sized_slot(table[k as usize], slot, k - run.first);
+            }
+            let s = &mut self.slots[slot as usize];
+            while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+                s.leading += 1;
             }
         }
     }
 
-    // Inlined into `cache_blocks`, which calls it per block: the call itself
-    // cost about a fifth of the work.
-    #[inline(always)]
     fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
+        let at = &mut self.slots[slot as usize].at;
+        if at.len() <= index as usize {
+            at.resize(index as usize + 1, NONE);
+        }
+        self.cache_in_sized_slot(id, slot, index);
+        let s = &mut self.slots[slot as usize];
+        // Only filling the first gap can lengthen the prefix.
+        while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
+            s.leading += 1;
+        }
+    }
+
+    /// [`Self::cache_in_slot`] in a stream index already long enough, the
+    /// cached prefix left to the caller to lengthen. Inlined into
+    /// `cache_blocks`, which calls it per block: the call itself cost about
+    /// a fifth of the work.
+    #[inline(always)]
+    fn cache_in_sized_slot(&mut self, id: BlockId, slot: u32, index: u32) {
         let b = &self.blocks[id as usize];
         if b.key_index == index && b.key_slot == slot {
             return;
@@ -416,9 +443,6 @@ impl BlockPool {
         debug_assert!(!b.has_key(), "block {id} already cached");
         let s = &mut self.slots[slot as usize];
         let i = index as usize;
-        if s.at.len() <= i {
-            s.at.resize(i + 1, NONE);
-        }
         if self.vllm && s.at[i] != NONE {
             // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with the
             // same hash joins the first; lookups keep finding the oldest
@@ -432,12 +456,6 @@ impl BlockPool {
             let old = std::mem::replace(&mut s.at[i], id);
             if old == NONE {
                 s.count += 1;
-                // Only filling the first gap can lengthen the prefix.
-                if s.leading == index {
-                    while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
-                        s.leading += 1;
-                    }
-                }
             } else {
                 let b = &mut self.blocks[old as usize];
                 b.key_index = NONE;
