@@ -521,7 +521,9 @@ impl BlockPool {
             return self.free_vllm(table);
         }
         // `push_back` block by block, with the queue's tail and counts kept
-        // in locals until the end (the same links, fewer loads and stores).
+        // in locals until the end, and a block's `next` written once: by the
+        // block after it, or at the end for the last (the same links, fewer
+        // loads and stores).
         let blocks = &mut self.blocks;
         let (mut tail, mut freed, mut cached) = (self.queue.tail, 0u32, 0u32);
         for &id in table.iter().rev() {
@@ -531,7 +533,6 @@ impl BlockPool {
             if block.ref_cnt == 0 {
                 cached += block.has_key() as u32;
                 block.prev = tail;
-                block.next = NONE;
                 if tail == NONE {
                     self.queue.head = id;
                 } else {
@@ -540,6 +541,9 @@ impl BlockPool {
                 tail = id;
                 freed += 1;
             }
+        }
+        if freed > 0 {
+            blocks[tail as usize].next = NONE;
         }
         self.queue.tail = tail;
         self.queue.num_free += freed;
