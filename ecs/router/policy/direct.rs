@@ -54,6 +54,17 @@ enum V {
     Arr(u32),
 }
 
+impl V {
+    /// A number's value as a float (an int converted as rhai converts it).
+    fn number(self) -> Option<f64> {
+        match self {
+            V::Int(i) => Some(i as f64),
+            V::Float(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
 /// Why an evaluation gave up: rhai takes the call over.
 struct GiveUp;
 
@@ -83,8 +94,9 @@ enum E {
     Bin(Op, Box<E>, Box<E>),
     Neg(Box<E>),
     Not(Box<E>),
-    And(Vec<E>),
-    Or(Vec<E>),
+    /// `&&` (false) or `||` (true) over its operands, in order: the
+    /// value that stops the evaluation.
+    Logic(bool, Vec<E>),
     ToFloat(Box<E>),
     Len(Box<E>),
     IsEmpty(Box<E>),
@@ -228,17 +240,12 @@ impl Direct {
         };
         match (hook, top) {
             (Hook::Decide, V::Bool(b)) => Some(Answer::Bool(b)),
-            (Hook::Score, V::Int(i)) => Some(Answer::Number(i as f64)),
-            (Hook::Score, V::Float(x)) => Some(Answer::Number(x)),
+            (Hook::Score, v @ (V::Int(_) | V::Float(_))) => v.number().map(Answer::Number),
             (Hook::Pick, V::Int(i)) => Some(Answer::Int(i)),
             (Hook::ScoreAll, V::Arr(a)) => {
                 numbers.clear();
                 for v in &ev.frame.arrays[a as usize] {
-                    numbers.push(match *v {
-                        V::Int(i) => i as f64,
-                        V::Float(x) => x,
-                        _ => return None,
-                    });
+                    numbers.push(v.number()?);
                 }
                 Some(Answer::Numbers)
             }
@@ -374,8 +381,10 @@ impl Translator {
             Expr::Variable(v, ..) if v.2.is_empty() => E::Local(self.find(&v.1)?),
             Expr::Array(items, _) if items.is_empty() => E::NewArray,
             Expr::Stmt(b) => E::Block(self.block(b.statements())?),
-            Expr::And(xs, _) => E::And(xs.iter().map(|x| self.expr(x)).collect::<Option<_>>()?),
-            Expr::Or(xs, _) => E::Or(xs.iter().map(|x| self.expr(x)).collect::<Option<_>>()?),
+            Expr::And(xs, _) | Expr::Or(xs, _) => E::Logic(
+                matches!(e, Expr::Or(..)),
+                xs.iter().map(|x| self.expr(x)).collect::<Option<_>>()?,
+            ),
             Expr::FnCall(f, _) => self.call(f)?,
             // `a[i]`, which ends its chain (`BREAK`); `a[i].x` is an index
             // whose right side is the chain `i.x`, left to rhai.
@@ -734,25 +743,15 @@ impl Eval<'_> {
                 V::Bool(b) => V::Bool(!b),
                 _ => return Err(GiveUp),
             },
-            E::And(xs) => {
+            E::Logic(stop, xs) => {
                 for x in xs {
                     match self.expr(x)? {
-                        V::Bool(true) => {}
-                        V::Bool(false) => return Ok(V::Bool(false)),
+                        V::Bool(b) if b == *stop => return Ok(V::Bool(b)),
+                        V::Bool(_) => {}
                         _ => return Err(GiveUp),
                     }
                 }
-                V::Bool(true)
-            }
-            E::Or(xs) => {
-                for x in xs {
-                    match self.expr(x)? {
-                        V::Bool(false) => {}
-                        V::Bool(true) => return Ok(V::Bool(true)),
-                        _ => return Err(GiveUp),
-                    }
-                }
-                V::Bool(false)
+                V::Bool(!stop)
             }
             E::ToFloat(a) => match self.expr(a)? {
                 V::Int(i) => V::Float(i as f64),
@@ -796,17 +795,11 @@ impl Eval<'_> {
                 let pick = |first: bool| if first == *max { a } else { b };
                 match (a, b) {
                     (V::Int(x), V::Int(y)) => pick(if *max { x >= y } else { x <= y }),
-                    (V::Int(_) | V::Float(_), V::Int(_) | V::Float(_)) => {
-                        let f = |v: V| match v {
-                            V::Int(i) => i as f64,
-                            V::Float(x) => x,
-                            _ => unreachable!("a number"),
-                        };
-                        let (x, y) = (f(a), f(b));
+                    _ => {
+                        let (x, y) = (a.number().ok_or(GiveUp)?, b.number().ok_or(GiveUp)?);
                         let first = if *max { x >= y } else { x <= y };
                         V::Float(if first { x } else { y })
                     }
-                    _ => return Err(GiveUp),
                 }
             }
             // An index in range (rhai counts a negative one from the end,
@@ -841,11 +834,6 @@ impl Eval<'_> {
 
     /// The sandbox's `argmax(xs, "first")`: the first of the largest.
     fn argmax_first(&self, of: V) -> R<i64> {
-        let number = |v: &V| match *v {
-            V::Int(i) => Some(i as f64),
-            V::Float(x) => Some(x),
-            _ => None,
-        };
         let first = |xs: &mut dyn Iterator<Item = Option<f64>>| -> R<i64> {
             let mut best = f64::NEG_INFINITY;
             let mut at = None;
@@ -861,7 +849,7 @@ impl Eval<'_> {
         };
         match of {
             V::Scores => first(&mut self.inputs.scores.iter().map(|&x| Some(x))),
-            V::Arr(a) => first(&mut self.frame.arrays[a as usize].iter().map(number)),
+            V::Arr(a) => first(&mut self.frame.arrays[a as usize].iter().map(|v| v.number())),
             _ => Err(GiveUp),
         }
     }

@@ -308,6 +308,11 @@ impl Policies {
                 Ok(())
             };
             if s.hook == Hook::ScoreAll {
+                let wrong_count = |n: usize| {
+                    let pods = candidates.len();
+                    let what = format!("`score_all` returned {n} scores for {pods} pods");
+                    s.error(&what, None, req)
+                };
                 let inputs = Inputs {
                     pods,
                     candidates,
@@ -326,15 +331,7 @@ impl Policies {
                 .is_some()
                 {
                     if numbers.len() != candidates.len() {
-                        return Err(s.error(
-                            &format!(
-                                "`score_all` returned {} scores for {} pods",
-                                numbers.len(),
-                                candidates.len()
-                            ),
-                            None,
-                            req,
-                        ));
+                        return Err(wrong_count(numbers.len()));
                     }
                     for (k, &v) in numbers.iter().enumerate() {
                         add(k, &Dynamic::from_float(v), &mut self.scores)?;
@@ -350,15 +347,7 @@ impl Policies {
                     )
                 })?;
                 if arr.len() != candidates.len() {
-                    return Err(s.error(
-                        &format!(
-                            "`score_all` returned {} scores for {} pods",
-                            arr.len(),
-                            candidates.len()
-                        ),
-                        None,
-                        req,
-                    ));
+                    return Err(wrong_count(arr.len()));
                 }
                 for (k, v) in arr.iter().enumerate() {
                     add(k, v, &mut self.scores)?;
