@@ -9,6 +9,7 @@ use crate::experiment::args::{Axis, SweepArgs, check_axis, parse_grid, parse_see
 use crate::experiment::file::{is_experiment, load_experiment};
 use crate::scenario::{self, RawScenario};
 use crate::sim::Sim;
+use crate::workload::trace::TraceReads;
 
 /// What a sweep runs; its manifest is what "the same arguments" means.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,7 +187,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// Builds and checks the plan of `pdsim sweep`: every point must load and
 /// compile before any run starts.
-pub fn plan(args: &SweepArgs) -> Result<Manifest> {
+pub fn plan(args: &SweepArgs, reads: &TraceReads) -> Result<Manifest> {
     let target = &args.target;
     let (name, scenario_path, mut set, mut grid, seeds, horizon, warmup) = if is_experiment(target)
     {
@@ -296,7 +297,7 @@ pub fn plan(args: &SweepArgs) -> Result<Manifest> {
     for p in manifest.points() {
         let overrides = manifest.overrides(&p, manifest.seeds[0]);
         let sc = scenario::load(&scenario_path, &overrides)
-            .and_then(|sc| Sim::new(&sc).map(|_| sc))
+            .and_then(|sc| Sim::new_sharing(&sc, reads).map(|_| sc))
             .map_err(|e| Error::new(format!("grid point {}: {e}", p.label)))?;
         scripts.extend(script_paths(&sc.raw));
     }

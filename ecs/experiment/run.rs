@@ -16,6 +16,7 @@ use crate::metrics::formats::{bench_json, timeline};
 use crate::metrics::write_atomic;
 use crate::scenario;
 use crate::sim::{Outputs, Sim};
+use crate::workload::trace::TraceReads;
 
 /// What a sweep did.
 #[derive(Debug, Clone)]
@@ -84,11 +85,12 @@ fn run_one(
     point: &Point,
     seed: u64,
     series: Option<(f64, &Path)>,
+    reads: &TraceReads,
 ) -> Result<()> {
     let scenario_path = Path::new(&manifest.scenario);
     let sc = scenario::load(scenario_path, &manifest.overrides(point, seed))?;
     let outputs = run_outputs(args, out, point, seed)?;
-    let mut sim = Sim::new(&sc)?;
+    let mut sim = Sim::new_sharing(&sc, reads)?;
     outputs.prepare(&mut sim)?;
     if let Some((interval, _)) = series {
         sim.record_series(interval);
@@ -122,7 +124,9 @@ pub fn sweep(args: &SweepArgs, progress: bool) -> Result<SweepOutcome> {
             args.sample_interval
         )));
     }
-    let manifest = plan(args)?;
+    // Each trace is read once for the checks of the plan and every run.
+    let reads = TraceReads::default();
+    let manifest = plan(args, &reads)?;
     let out = args
         .out
         .clone()
@@ -171,7 +175,7 @@ pub fn sweep(args: &SweepArgs, progress: bool) -> Result<SweepOutcome> {
             .try_for_each(|&(i, (p, s))| {
                 let series =
                     (i == 0 && want_series).then_some((args.sample_interval, plots_dir.as_path()));
-                run_one(&manifest, args, &out, p, *s, series)
+                run_one(&manifest, args, &out, p, *s, series, &reads)
                     .map_err(|e| Error::new(format!("run {} seed {s}: {e}", p.label)))?;
                 bar.inc(1);
                 Ok(())

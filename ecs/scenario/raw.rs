@@ -189,7 +189,7 @@ pub enum TraceFormat {
 }
 
 /// A trace to replay, and how.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TraceSource {
     /// The trace file (relative to the scenario file).

@@ -6,6 +6,7 @@
 use bevy_ecs::prelude::*;
 use bevy_ecs::schedule::{LogLevel, ScheduleBuildSettings, SingleThreadedExecutor};
 use bevy_ecs::system::{BoxedSystem, RunSystemOnce, SystemState};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::cost::StepTime;
@@ -35,7 +36,8 @@ use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
 use crate::transfer::{Flows, Nic};
-use crate::workload::{self, TraceRequest, WorkloadState, workload_system};
+use crate::workload::trace::TraceReads;
+use crate::workload::{self, SharedTrace, TraceRequest, WorkloadState, workload_system};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -58,6 +60,16 @@ impl Sim {
     /// the router with its compiled scripts, the workload (its trace read,
     /// when it names one).
     pub fn new(scenario: &Scenario) -> Result<Sim> {
+        Self::from_scenario(scenario, None)
+    }
+
+    /// [`Sim::new`], its trace (when it replays one) taken from `reads`,
+    /// which reads each file once for all the runs that share it (a sweep).
+    pub fn new_sharing(scenario: &Scenario, reads: &TraceReads) -> Result<Sim> {
+        Self::from_scenario(scenario, Some(reads))
+    }
+
+    fn from_scenario(scenario: &Scenario, reads: Option<&TraceReads>) -> Result<Sim> {
         let raw = &scenario.raw;
         let router = scenario::expand_plugins(&raw.router)?;
         let policies = Policies::load(&router, raw.seed, scenario.lib_dir.as_deref())?;
@@ -79,7 +91,10 @@ impl Sim {
         match &raw.workload.trace {
             None => Self::build(scenario, router, None),
             Some(source) => {
-                let trace = workload::trace::load(source)?;
+                let trace = match reads {
+                    Some(reads) => reads.load(source)?,
+                    None => SharedTrace::from(workload::trace::load(source)?),
+                };
                 let mut sim = Self::build(scenario, router, Some(trace.requests))?;
                 sim.world.insert_resource(trace.summary);
                 Ok(sim)
@@ -93,13 +108,13 @@ impl Sim {
         router: RouterMode,
         trace: Vec<TraceRequest>,
     ) -> Result<Sim> {
-        Self::build(scenario, router, Some(trace))
+        Self::build(scenario, router, Some(trace.into()))
     }
 
     fn build(
         scenario: &Scenario,
         router: RouterMode,
-        trace: Option<Vec<TraceRequest>>,
+        trace: Option<Arc<[TraceRequest]>>,
     ) -> Result<Sim> {
         let raw = &scenario.raw;
         let mut world = World::new();

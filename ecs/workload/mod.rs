@@ -9,6 +9,7 @@
 use bevy_ecs::prelude::*;
 use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
+use std::sync::Arc;
 
 use crate::engine::{BlockPath, NextTurn, Request};
 use crate::metrics::formats::aiperf::{self, AiperfLog};
@@ -20,7 +21,7 @@ pub mod sessions;
 pub mod trace;
 
 pub use sessions::{Session, Turn, mix};
-pub use trace::{LONE_STREAMS, Trace, TraceRequest};
+pub use trace::{LONE_STREAMS, SharedTrace, Trace, TraceRequest};
 
 /// Workload state: the arrival stream, the current session parameters (a
 /// phase may change them), the trace being replayed.
@@ -33,7 +34,7 @@ pub struct WorkloadState {
     arrivals: Xoshiro256PlusPlus,
     next_session: u64,
     pub next_request: u64,
-    pub trace: Vec<TraceRequest>,
+    pub trace: Arc<[TraceRequest]>,
 }
 
 impl WorkloadState {
@@ -46,7 +47,7 @@ impl WorkloadState {
             arrivals: Xoshiro256PlusPlus::seed_from_u64(mix(seed, u64::MAX)),
             next_session: 0,
             next_request: 0,
-            trace: Vec::new(),
+            trace: Arc::new([]),
         }
     }
 

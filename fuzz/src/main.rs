@@ -264,7 +264,7 @@ fn run_case(target: Target, path: &Path, dir: &Path) -> pdsim::Result<()> {
         Target::Experiment => {
             let sweep = Sweep::try_parse_from(["sweep", &path.to_string_lossy(), "--horizon", "5"])
                 .map_err(|e| pdsim::Error::new(e.to_string()))?;
-            pdsim::experiment::plan::plan(&sweep.args)?;
+            pdsim::experiment::plan::plan(&sweep.args, &Default::default())?;
         }
         Target::Replay => {
             let t = pdsim::replay::Trace::load(path)?;

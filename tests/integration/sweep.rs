@@ -139,6 +139,47 @@ fn a_run_of_a_sweep_is_the_run_pdsim_run_gives() {
     assert_eq!(std::fs::read_to_string(file).unwrap(), report.to_json());
 }
 
+/// A sweep over a trace reads it once for all its runs (two at a time
+/// here): each run is still the one `pdsim run --trace` gives.
+#[test]
+fn a_run_of_a_sweep_over_a_trace_is_the_run_pdsim_run_gives() {
+    let root = scratch("trace");
+    std::fs::create_dir_all(&root).unwrap();
+    let trace = root.join("turns.jsonl");
+    // Two sessions of two turns each, over 16-token blocks (the tiny
+    // deployment's block is 4 tokens: hash ids of 16 tokens are 4 blocks).
+    std::fs::write(
+        &trace,
+        "{\"session_id\":\"a\",\"timestamp\":0,\"input_length\":32,\"output_length\":3,\"hash_ids\":[1,2]}\n\
+         {\"session_id\":\"b\",\"timestamp\":100,\"input_length\":16,\"output_length\":2,\"hash_ids\":[1]}\n\
+         {\"session_id\":\"a\",\"delay\":50,\"input_length\":48,\"output_length\":2,\"hash_ids\":[1,2,3]}\n\
+         {\"session_id\":\"b\",\"delay\":20,\"input_length\":40,\"output_length\":4,\"hash_ids\":[1,4,5]}\n",
+    )
+    .unwrap();
+    let out = root.join("out");
+    let mut a = args(&out);
+    a.trace.trace = Some(trace.clone());
+    a.set = vec!["workload.trace.block_tokens=16".into()];
+    a.horizon = Some(f64::INFINITY);
+    a.warmup = Some(0.0);
+    a.seeds = Some("1..2".into());
+    a.jobs = Some(2);
+    sweep_ok(&a);
+    let mut sets: Vec<String> = a.trace.override_().into_iter().collect();
+    sets.extend([
+        "workload.trace.block_tokens=16".into(),
+        "router.decider.params.non_cached_tokens=1".into(),
+        "seed=2".into(),
+        "horizon=inf".into(),
+        "warmup=0".into(),
+    ]);
+    let report = pdsim::run_scenario(Path::new("tests/scenarios/tiny.ron"), &sets).unwrap();
+    assert_eq!(report.trace.as_ref().map(|t| t.requests), Some(4));
+    let file = out.join("runs/p000-non_cached_tokens=1/seed-2.json");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), report.to_json());
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
 #[test]
 fn a_resumed_sweep_equals_an_uninterrupted_one() {
     let root = scratch("resume");
@@ -261,10 +302,13 @@ fn bad_arguments_get_one_line_naming_what_is_wrong() {
 #[test]
 fn experiment_files_plan_their_tables() {
     let plan = |file: &str| {
-        experiment::plan(&SweepArgs {
-            target: format!("scenarios/experiments/{file}").into(),
-            ..Default::default()
-        })
+        experiment::plan(
+            &SweepArgs {
+                target: format!("scenarios/experiments/{file}").into(),
+                ..Default::default()
+            },
+            &Default::default(),
+        )
         .unwrap_or_else(|e| panic!("{file}: {e}"))
     };
     let d = plan("deciders.ron");

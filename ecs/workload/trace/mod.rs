@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::engine::BlockPath;
 use crate::error::{Error, Result};
@@ -87,6 +88,74 @@ pub struct Record {
 pub struct Trace {
     pub requests: Vec<TraceRequest>,
     pub summary: TraceSummary,
+}
+
+/// A trace read once and shared by the runs that replay it.
+#[derive(Debug, Clone)]
+pub struct SharedTrace {
+    pub requests: Arc<[TraceRequest]>,
+    pub summary: TraceSummary,
+}
+
+/// The traces a sweep has read: its runs (and the check of each grid point
+/// before them) replay the same file with the same options, and reading it
+/// is a large part of a run (a quarter of the peers' 60 k-request trace).
+/// Each file is read once per sweep, by the first run that asks, the others
+/// waiting for it: a file changed during the sweep is not read again, so
+/// every run replays the same requests.
+#[derive(Default)]
+pub struct TraceReads {
+    read: Mutex<Vec<ReadTrace>>,
+}
+
+struct ReadTrace {
+    source: TraceSource,
+    trace: Arc<Mutex<Option<SharedTrace>>>,
+}
+
+/// How many traces [`TraceReads`] keeps (the oldest is dropped, and freed
+/// once no run holds it): two, for a grid over a trace option run two at a
+/// time, with memory bounded whatever the grid.
+const KEPT: usize = 2;
+
+impl TraceReads {
+    /// [`load`], once for the same options.
+    pub fn load(&self, source: &TraceSource) -> Result<SharedTrace> {
+        let cell = {
+            let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+            match read.iter().find(|t| t.source == *source) {
+                Some(t) => t.trace.clone(),
+                None => {
+                    if read.len() >= KEPT {
+                        read.remove(0);
+                    }
+                    let trace = Arc::new(Mutex::new(None));
+                    read.push(ReadTrace {
+                        source: source.clone(),
+                        trace: trace.clone(),
+                    });
+                    trace
+                }
+            }
+        };
+        let mut slot = cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = &*slot {
+            return Ok(t.clone());
+        }
+        // An error is not kept: the next run reads the file again and says so.
+        let t = SharedTrace::from(load(source)?);
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+}
+
+impl From<Trace> for SharedTrace {
+    fn from(t: Trace) -> SharedTrace {
+        SharedTrace {
+            requests: t.requests.into(),
+            summary: t.summary,
+        }
+    }
 }
 
 /// Reads the trace of a scenario's workload section, line by line (a
@@ -344,5 +413,58 @@ impl<'a> Preparer<'a> {
             requests: self.out,
             summary,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(file: &Path, speedup: f64) -> TraceSource {
+        TraceSource {
+            file: file.display().to_string(),
+            format: None,
+            block_tokens: 16,
+            speedup,
+            rate_scale: 1.0,
+            window: None,
+            max_requests: None,
+        }
+    }
+
+    #[test]
+    fn a_sweep_reads_each_trace_once_and_keeps_two() {
+        let dir = std::env::temp_dir().join(format!("pdsim-reads-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("two.jsonl");
+        let reads = TraceReads::default();
+        // Not there yet: the error is load's, and it is not kept.
+        let e = reads.load(&source(&file, 1.0)).unwrap_err().to_string();
+        assert!(e.starts_with("cannot read trace"), "{e}");
+        std::fs::write(
+            &file,
+            "{\"timestamp\":0,\"input_length\":32,\"output_length\":2,\"hash_ids\":[1,2]}\n\
+             {\"timestamp\":5,\"input_length\":16,\"output_length\":1,\"hash_ids\":[1]}\n",
+        )
+        .unwrap();
+        let first = reads.load(&source(&file, 1.0)).unwrap();
+        assert_eq!(first.requests.len(), 2);
+        assert_eq!(first.requests[1].arrival, Some(0.005)); // 5 ms
+        // The same options: the same requests, not read again.
+        let again = reads.load(&source(&file, 1.0)).unwrap();
+        assert!(Arc::ptr_eq(&first.requests, &again.requests));
+        // Other options (a speed-up) are another read; a third drops the oldest (two
+        // kept), which is then read anew: equal, but not the same memory.
+        let other = reads.load(&source(&file, 2.0)).unwrap();
+        assert!(!Arc::ptr_eq(&first.requests, &other.requests));
+        reads.load(&source(&file, 4.0)).unwrap();
+        let reread = reads.load(&source(&file, 1.0)).unwrap();
+        assert!(!Arc::ptr_eq(&first.requests, &reread.requests));
+        assert_eq!(reread.summary, first.summary);
+        // Speed-ups 4 (kept) and 1 (read anew): 2 was dropped when 1 came back.
+        let kept = reads.load(&source(&file, 4.0)).unwrap();
+        let kept_again = reads.load(&source(&file, 4.0)).unwrap();
+        assert!(Arc::ptr_eq(&kept.requests, &kept_again.requests));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
