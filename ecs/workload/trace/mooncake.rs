@@ -182,9 +182,11 @@ impl<'a> Cursor<'a> {
         }
     }
     /// A list of whole numbers. In the plain form (digits and commas) a
-    /// number of up to seven digits is read from one 8-byte word and the
-    /// next begins right after its comma; anything else goes through
-    /// `whole` and `ws` as before.
+    /// number of up to seven digits and the comma or bracket after it are
+    /// read from one 8-byte word, in locals; anything else goes through
+    /// `short_whole`, `whole` and `ws` as before. A trace's ids mostly count
+    /// up by one: the next id's digits are guessed from the last one's, and
+    /// a word that holds them (and its comma) is the id without a parse.
     fn ids(&mut self) -> Option<Vec<u64>> {
         self.eat(b'[')?;
         self.ws();
@@ -195,22 +197,68 @@ impl<'a> Cursor<'a> {
         // eight, with their commas): one allocation instead of a doubling
         // series.
         let mut ids = Vec::with_capacity((self.b.len() - self.i) / 4 + 1);
+        let b = self.b;
+        // The guess: the digits of the last id plus one, `n` of them, in
+        // `next` (first digit lowest; n = 0: no guess).
+        let (mut next, mut n, mut last) = (0u64, 0usize, 0u64);
         loop {
+            if let Some(word) = b.get(self.i..self.i + 8) {
+                let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                if n > 0 {
+                    let sep = w >> (8 * n) & 0xFF;
+                    let digits = w & ((1u64 << (8 * n)) - 1);
+                    if digits == next && (sep == u64::from(b',') || sep == u64::from(b']')) {
+                        last += 1;
+                        ids.push(last);
+                        self.i += n + 1;
+                        if sep == u64::from(b']') {
+                            return Some(ids);
+                        }
+                        // The last digit goes up by one; a 9 carries
+                        // (guessed again after the next parse).
+                        if next >> (8 * (n - 1)) == u64::from(b'9') {
+                            n = 0;
+                        } else {
+                            next += 1 << (8 * (n - 1));
+                        }
+                        continue;
+                    }
+                }
+                let (k, v) = digits_in(w);
+                // (k < 8: eight digits leave no byte after them in the word.)
+                let after = (w >> (8 * (k & 7))) as u8;
+                // One to seven digits, no leading zero, then , or ].
+                if (1..8).contains(&k)
+                    && !(w as u8 == b'0' && k > 1)
+                    && (after == b',' || after == b']')
+                {
+                    ids.push(v);
+                    self.i += k + 1;
+                    if after == b']' {
+                        return Some(ids);
+                    }
+                    let digits = w & ((1u64 << (8 * k)) - 1);
+                    (last, n) = (v, k);
+                    if digits >> (8 * (k - 1)) == u64::from(b'9') {
+                        n = 0;
+                    } else {
+                        next = digits + (1 << (8 * (k - 1)));
+                    }
+                    continue;
+                }
+            }
+            n = 0;
+            self.ws();
             let id = match self.short_whole() {
                 Some(v) => v,
                 None => self.whole()?,
             };
             ids.push(id);
-            if self.peek() == Some(b',') && self.b.get(self.i + 1).is_some_and(u8::is_ascii_digit) {
-                self.i += 1;
-                continue;
-            }
             self.ws();
             if self.eat(b',').is_none() {
                 self.eat(b']')?;
                 return Some(ids);
             }
-            self.ws();
         }
     }
 
@@ -221,12 +269,7 @@ impl<'a> Cursor<'a> {
     fn short_whole(&mut self) -> Option<u64> {
         let word: [u8; 8] = self.b.get(self.i..self.i + 8)?.try_into().ok()?;
         let w = u64::from_le_bytes(word);
-        // Digits become their values 0..=9.
-        let t = w ^ 0x3030_3030_3030_3030;
-        // The top bit of each byte that is not a digit (a value of 10 or
-        // more); a carry out of such a byte only reaches the bytes after it.
-        let not_digit = (t.wrapping_add(0x7676_7676_7676_7676) | t) & 0x8080_8080_8080_8080;
-        let n = (not_digit.trailing_zeros() / 8) as usize;
+        let (n, v) = digits_in(w);
         if !(1..8).contains(&n) {
             return None;
         }
@@ -234,15 +277,31 @@ impl<'a> Cursor<'a> {
         if (first == b'0' && n > 1) || matches!(after, b'.' | b'e' | b'E') {
             return None;
         }
-        // The digits moved to the top bytes (first digit lowest), zeros
-        // below them leading; then pairs, quads and the eight combined.
-        let mut v = t << (8 * (8 - n));
-        v = ((v & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(10 << 8 | 1)) >> 8;
-        v = ((v & 0x00FF_00FF_00FF_00FF).wrapping_mul(100 << 16 | 1)) >> 16;
-        v = ((v & 0x0000_FFFF_0000_FFFF).wrapping_mul(10_000 << 32 | 1)) >> 32;
         self.i += n;
         Some(v)
     }
+}
+
+/// The leading digits of the eight bytes of `w` (first byte lowest): how
+/// many (8 when all are), and, when fewer than eight, their value (SIMD
+/// within a register).
+fn digits_in(w: u64) -> (usize, u64) {
+    // Digits become their values 0..=9.
+    let t = w ^ 0x3030_3030_3030_3030;
+    // The top bit of each byte that is not a digit (a value of 10 or
+    // more); a carry out of such a byte only reaches the bytes after it.
+    let not_digit = (t.wrapping_add(0x7676_7676_7676_7676) | t) & 0x8080_8080_8080_8080;
+    let n = (not_digit.trailing_zeros() / 8) as usize;
+    if n == 0 || n == 8 {
+        return (n, 0);
+    }
+    // The digits moved to the top bytes (first digit lowest), zeros below
+    // them leading; then pairs, quads and the eight combined.
+    let mut v = t << (8 * (8 - n));
+    v = ((v & 0x0F0F_0F0F_0F0F_0F0F).wrapping_mul(10 << 8 | 1)) >> 8;
+    v = ((v & 0x00FF_00FF_00FF_00FF).wrapping_mul(100 << 16 | 1)) >> 16;
+    v = ((v & 0x0000_FFFF_0000_FFFF).wrapping_mul(10_000 << 32 | 1)) >> 32;
+    (n, v)
 }
 
 /// Reads a Mooncake JSONL trace line by line, handing each record to
@@ -377,6 +436,60 @@ mod tests {
             let fast = fast_parse(line.as_bytes());
             assert!(fast.is_some(), "{line}");
             assert_eq!(fast, serde(line), "{line}");
+        }
+    }
+
+    /// The ids as the hand parse reads them, which must be serde_json's.
+    fn ids_of(list: &str) -> Option<Vec<u64>> {
+        let line = format!(r#"{{"input_length":4,"output_length":1,"hash_ids":{list}}}"#);
+        let fast = fast_parse(line.as_bytes());
+        assert_eq!(fast, serde(&line), "{line}");
+        fast.map(|l| l.hash_ids)
+    }
+
+    #[test]
+    fn ids_that_count_up_are_read_as_written() {
+        // Runs that count up across a carry (8 to 11, 98 to 101, 999 to
+        // 1000), an id whose first digits are the guess (15 then 150), a
+        // jump down, a run that ends the list, spaces that stop the fast
+        // read, ids of eight digits and more.
+        for (list, ids) in [
+            ("[8,9,10,11]", vec![8, 9, 10, 11]),
+            ("[98,99,100,101,102]", vec![98, 99, 100, 101, 102]),
+            ("[998,999,1000,1001]", vec![998, 999, 1000, 1001]),
+            ("[14,150,151,16]", vec![14, 150, 151, 16]),
+            ("[7,3,4,5]", vec![7, 3, 4, 5]),
+            ("[1, 2,3 ,4,5]", vec![1, 2, 3, 4, 5]),
+            (
+                "[9999999,10000000,10000001,5]",
+                vec![9999999, 10000000, 10000001, 5],
+            ),
+        ] {
+            assert_eq!(ids_of(list), Some(ids), "{list}");
+        }
+        // What serde_json refuses, the hand parse leaves to it.
+        for bad in ["[1,2,]", "[1,02,3]", "[1,2.5,3]", "[1,2e3]", "[1,,2]"] {
+            assert_eq!(ids_of(bad), None, "{bad}");
+        }
+        // Lists drawn at random: runs up by one from random starts (one to
+        // seven digits), in plain form or with spaces.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut draw = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..2000 {
+            let mut ids = Vec::new();
+            for _ in 0..1 + draw(4) {
+                let digits = 1 + draw(7) as u32;
+                let start = draw(10u64.pow(digits));
+                ids.extend(start..start + draw(30));
+            }
+            let sep = if draw(5) == 0 { ", " } else { "," };
+            let text: Vec<String> = ids.iter().map(u64::to_string).collect();
+            assert_eq!(ids_of(&format!("[{}]", text.join(sep))), Some(ids));
         }
     }
 
