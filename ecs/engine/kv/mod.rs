@@ -402,29 +402,32 @@ impl BlockPool {
             // The stream's index is sized for the run once, and its cached
             // prefix lengthened once after it (blocks are only added here:
             // the prefix ends at the first gap at or after where it ended).
-            let len = (end - run.first) as usize;
-            let at = &mut self.slots[slot as usize].at;
-            if at.len() < len {
-                at.resize(len, NONE);
-            }
+            self.size_index(slot, end - run.first);
             for k in from.max(run.first)..end {
                 self.cache_in_sized_slot(table[k as usize], slot, k - run.first);
             }
-            let s = &mut self.slots[slot as usize];
-            while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
-                s.leading += 1;
-            }
+            self.lengthen_prefix(slot);
         }
     }
 
     fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
-        let at = &mut self.slots[slot as usize].at;
-        if at.len() <= index as usize {
-            at.resize(index as usize + 1, NONE);
-        }
+        self.size_index(slot, index + 1);
         self.cache_in_sized_slot(id, slot, index);
+        self.lengthen_prefix(slot);
+    }
+
+    /// Makes the index of the stream in `slot` hold at least `len` blocks.
+    fn size_index(&mut self, slot: u32, len: u32) {
+        let at = &mut self.slots[slot as usize].at;
+        if at.len() < len as usize {
+            at.resize(len as usize, NONE);
+        }
+    }
+
+    /// After blocks were cached in `slot`: its cached prefix runs on to
+    /// the first gap (only filling the first gap lengthens it).
+    fn lengthen_prefix(&mut self, slot: u32) {
         let s = &mut self.slots[slot as usize];
-        // Only filling the first gap can lengthen the prefix.
         while (s.leading as usize) < s.at.len() && s.at[s.leading as usize] != NONE {
             s.leading += 1;
         }

@@ -99,7 +99,8 @@ pub struct SharedTrace {
 
 /// The traces a sweep has read: its runs (and the check of each grid point
 /// before them) replay the same file with the same options, and reading it
-/// is a large part of a run (a quarter of the peers' 60 k-request trace).
+/// is a large part of a run (a fifth of a whole run of the peers' 60
+/// k-request trace, more of a shorter one).
 /// Each file is read once per sweep, by the first run that asks, the others
 /// waiting for it: a file changed during the sweep is not read again, so
 /// every run replays the same requests.

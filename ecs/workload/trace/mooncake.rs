@@ -214,18 +214,13 @@ impl<'a> Cursor<'a> {
                         if sep == u64::from(b']') {
                             return Some(ids);
                         }
-                        // The last digit goes up by one; a 9 carries
-                        // (guessed again after the next parse).
-                        if next >> (8 * (n - 1)) == u64::from(b'9') {
-                            n = 0;
-                        } else {
-                            next += 1 << (8 * (n - 1));
-                        }
+                        (next, n) = guess_after(next, n);
                         continue;
                     }
                 }
                 let (k, v) = digits_in(w);
-                // (k < 8: eight digits leave no byte after them in the word.)
+                // (`& 7`: eight digits leave no byte after them in the word;
+                // k = 8 is refused below.)
                 let after = (w >> (8 * (k & 7))) as u8;
                 // One to seven digits, no leading zero, then , or ].
                 if (1..8).contains(&k)
@@ -237,13 +232,8 @@ impl<'a> Cursor<'a> {
                     if after == b']' {
                         return Some(ids);
                     }
-                    let digits = w & ((1u64 << (8 * k)) - 1);
-                    (last, n) = (v, k);
-                    if digits >> (8 * (k - 1)) == u64::from(b'9') {
-                        n = 0;
-                    } else {
-                        next = digits + (1 << (8 * (k - 1)));
-                    }
+                    last = v;
+                    (next, n) = guess_after(w & ((1u64 << (8 * k)) - 1), k);
                     continue;
                 }
             }
@@ -279,6 +269,18 @@ impl<'a> Cursor<'a> {
         }
         self.i += n;
         Some(v)
+    }
+}
+
+/// The guess for the id after one whose `n` digits are `digits` (first
+/// digit lowest): its last digit one up, or no guess (n = 0) when that
+/// digit is a 9 (a carry: the next id is parsed, and guessed after).
+fn guess_after(digits: u64, n: usize) -> (u64, usize) {
+    let unit = 1u64 << (8 * (n - 1));
+    if digits >> (8 * (n - 1)) == u64::from(b'9') {
+        (0, 0)
+    } else {
+        (digits + unit, n)
     }
 }
 
