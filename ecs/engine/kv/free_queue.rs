@@ -5,6 +5,7 @@ use crate::engine::kv::{Block, BlockId, BlockPool, NONE};
 
 /// Blocks taken out of the queue whose neighbours are not linked yet: the
 /// stretch between `front_prev` (towards the front) and `back_next`.
+#[derive(Clone, Copy)]
 pub(super) struct Stretch {
     pub front_prev: BlockId,
     pub back_next: BlockId,

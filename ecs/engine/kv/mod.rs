@@ -41,8 +41,9 @@ pub(crate) const NONE: u32 = u32::MAX;
 #[derive(Clone, Debug)]
 pub(super) struct Block {
     ref_cnt: u32,
-    // Intrusive doubly linked free queue: NONE at its ends, `prev` OUT when
-    // the block is not in it.
+    // Intrusive doubly linked free queue, NONE at its ends. A block is in
+    // the queue exactly when no one references it (`ref_cnt` 0), so its
+    // links mean nothing while it is held and are not cleared.
     prev: u32,
     next: u32,
     /// Its identity when cached: block `key_index` of the stream in slot
@@ -51,22 +52,12 @@ pub(super) struct Block {
     key_slot: u32,
 }
 
-/// `prev` of a block out of the free queue.
-const OUT: u32 = u32::MAX - 1;
-
 impl Block {
     fn has_key(&self) -> bool {
         self.key_index != NONE
     }
     fn in_queue(&self) -> bool {
-        self.prev != OUT
-    }
-    /// A hit on it while it is in the free queue (whose links around it the
-    /// caller mends): out of the queue, one reference.
-    fn take_out_of_queue(&mut self) {
-        self.prev = OUT;
-        self.next = NONE;
-        self.ref_cnt += 1;
+        self.ref_cnt == 0
     }
 }
 
@@ -292,50 +283,53 @@ impl BlockPool {
     /// per block (the queue is the same).
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
         table.reserve(n as usize);
-        let mut stretch: Option<Stretch> = None;
-        // Blocks taken out of the queue, and how many of them were cached
-        // (subtracted from its counts at the end).
-        let (mut taken, mut taken_cached) = (0u32, 0u32);
+        // The stretch being cut out: the blocks between `front_prev` and
+        // `back_next` (none yet while `front_prev` is NOT_A_BLOCK, which no
+        // block's `prev` is).
+        const NOT_A_BLOCK: u32 = NONE - 1;
+        let mut s = Stretch {
+            front_prev: NOT_A_BLOCK,
+            back_next: NONE,
+        };
+        // Blocks taken out of the queue, subtracted from its counts at the
+        // end; all of them are cached (the index names only blocks that
+        // hold their identity).
+        let mut taken = 0u32;
         for run in path.runs(self.block_size, n) {
             let slot = self.slot_of[&run.stream] as usize;
             let (queue, blocks) = (&mut self.queue, &mut self.blocks);
             let ids = &self.slots[slot].at[..run.count as usize];
             for &id in ids {
                 let b = &mut blocks[id as usize];
-                if !b.in_queue() {
-                    b.ref_cnt += 1;
+                b.ref_cnt += 1;
+                if b.ref_cnt > 1 {
+                    continue; // held already: not in the queue
+                }
+                debug_assert!(b.has_key(), "block {id} is in the index");
+                taken += 1;
+                if s.front_prev == id {
+                    // Just before the stretch's front: it grows.
+                    s.front_prev = b.prev;
                     continue;
                 }
-                taken += 1;
-                taken_cached += b.has_key() as u32;
-                match &mut stretch {
-                    // Just before the stretch's front: it grows.
-                    Some(s) if s.front_prev == id => {
-                        s.front_prev = b.prev;
-                        b.take_out_of_queue();
-                    }
-                    _ => {
-                        // The stretch before is cut first: this block may be
-                        // one of its ends' neighbours.
-                        if let Some(s) = stretch.take() {
-                            queue.cut(blocks, s);
-                        }
-                        let b = &mut blocks[id as usize];
-                        stretch = Some(Stretch {
-                            front_prev: b.prev,
-                            back_next: b.next,
-                        });
-                        b.take_out_of_queue();
-                    }
+                // A new stretch. The one before is cut first: this block
+                // may be one of its ends' neighbours.
+                if s.front_prev != NOT_A_BLOCK {
+                    queue.cut(blocks, s);
                 }
+                let b = &blocks[id as usize];
+                s = Stretch {
+                    front_prev: b.prev,
+                    back_next: b.next,
+                };
             }
             table.extend_from_slice(ids);
         }
-        if let Some(s) = stretch {
+        if s.front_prev != NOT_A_BLOCK {
             self.queue.cut(&mut self.blocks, s);
         }
         self.queue.num_free -= taken;
-        self.queue.num_free_cached -= taken_cached;
+        self.queue.num_free_cached -= taken;
     }
 
     /// Allocates `n` blocks from the front of the free queue (evicting their
@@ -354,8 +348,6 @@ impl BlockPool {
         for _ in 0..n {
             let b = &mut self.blocks[id as usize];
             let next = b.next;
-            b.prev = OUT;
-            b.next = NONE;
             b.ref_cnt = 1;
             if b.has_key() {
                 let (slot, index) = (b.key_slot, b.key_index);
@@ -577,7 +569,8 @@ impl BlockPool {
             // Pushing to the front in table order leaves the tail block first.
             for &id in table {
                 let b = &self.blocks[id as usize];
-                if b.ref_cnt == 0 && !b.in_queue() {
+                // (Those with a hash were queued above.)
+                if b.ref_cnt == 0 && !b.has_key() {
                     self.push_front(id);
                 }
             }
