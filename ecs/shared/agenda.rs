@@ -114,18 +114,61 @@ impl Ord for Entry {
 pub struct Agenda {
     heap: BinaryHeap<Entry>,
     seq: u64,
+    /// Events booked before the run ([`Agenda::book`]), the latest first.
+    /// Only the earliest of them waits in the heap (it comes out no later
+    /// than any other), so a trace's thousands of arrivals do not deepen
+    /// the heap every tick pops.
+    booked: Vec<Entry>,
+    /// The sequence numbers of the booked events: `booked_seqs.0 <` seq
+    /// `<= booked_seqs.1`.
+    booked_seqs: (u64, u64),
 }
 
+/// The sequence-number bits of an entry's `rank_seq`.
+const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
+
 impl Agenda {
+    #[inline]
     pub fn schedule(&mut self, time: f64, event: Event) {
+        let entry = self.entry(time, event);
+        self.heap.push(entry);
+    }
+
+    #[inline]
+    fn entry(&mut self, time: f64, event: Event) -> Entry {
         debug_assert!(time.is_finite(), "event {event:?} at {time}");
         self.seq += 1;
         debug_assert!(self.seq < 1 << SEQ_BITS);
-        self.heap.push(Entry {
+        Entry {
             time: time_key(time),
             rank_seq: (event.rank() as u64) << SEQ_BITS | self.seq,
             event,
-        });
+        }
+    }
+
+    /// Schedules events known before the run, as [`Agenda::schedule`] one
+    /// by one in this order would (the same sequence numbers, so the same
+    /// order at equal times); they wait outside the heap until they are
+    /// the next of their kind. Once per agenda.
+    pub fn book(&mut self, events: impl IntoIterator<Item = (f64, Event)>) {
+        assert!(self.booked.is_empty(), "an agenda is booked once");
+        let first = self.seq;
+        let mut booked: Vec<Entry> = events
+            .into_iter()
+            .map(|(time, event)| self.entry(time, event))
+            .collect();
+        // Ascending in `Entry`'s (reversed) order: the earliest last.
+        booked.sort_unstable();
+        self.booked = booked;
+        self.booked_seqs = (first, self.seq);
+        self.queue_next_booked();
+    }
+
+    #[inline(never)]
+    fn queue_next_booked(&mut self) {
+        if let Some(entry) = self.booked.pop() {
+            self.heap.push(entry);
+        }
     }
 
     pub fn next_time(&self) -> Option<f64> {
@@ -133,20 +176,27 @@ impl Agenda {
     }
 
     /// Pops the next event if it happens at `time`.
+    // (Inlined into the loop's tick, which calls it for every event.)
+    #[inline]
     pub fn pop_at(&mut self, time: f64) -> Option<Event> {
-        if time_of(self.heap.peek()?.time) == time {
-            self.heap.pop().map(|e| e.event)
-        } else {
-            None
+        if time_of(self.heap.peek()?.time) != time {
+            return None;
         }
+        let entry = self.heap.pop()?;
+        let seq = entry.rank_seq & SEQ_MASK;
+        if seq > self.booked_seqs.0 && seq <= self.booked_seqs.1 {
+            self.queue_next_booked();
+        }
+        Some(entry.event)
     }
 
+    /// Events to come, booked ones included.
     pub fn len(&self) -> usize {
-        self.heap.len()
+        self.heap.len() + self.booked.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.heap.is_empty()
+        self.len() == 0
     }
 }
 
@@ -176,6 +226,60 @@ mod tests {
         );
         assert_eq!(a.pop_at(1.0), None);
         assert_eq!(a.next_time(), Some(2.0));
+    }
+
+    #[test]
+    fn booked_events_come_out_as_if_scheduled_one_by_one() {
+        // The same events, scheduled one by one on one agenda and booked on
+        // another (then more scheduled on both): the same order, equal
+        // times and ranks broken by the order they were given in. Times:
+        // booked 3, 1, 2, 1 (ranks 1) and a later 1.0 (rank 1) and 2.0
+        // (rank 0) scheduled after booking.
+        let e = |i| Entity::from_raw_u32(i).unwrap();
+        let booked = [
+            (3.0, Event::TraceArrival(0)),
+            (1.0, Event::TraceArrival(1)),
+            (2.0, Event::TraceArrival(2)),
+            (1.0, Event::TraceArrival(3)),
+        ];
+        let later = [
+            (1.0, Event::NextTurn(e(5))),
+            (2.0, Event::Phase(0)),
+            (1.0, Event::StepEnd(e(6), 0)),
+        ];
+        let mut one_by_one = Agenda::default();
+        for (t, ev) in booked.into_iter().chain(later) {
+            one_by_one.schedule(t, ev);
+        }
+        let mut with_book = Agenda::default();
+        with_book.book(booked);
+        for (t, ev) in later {
+            with_book.schedule(t, ev);
+        }
+        // Only the earliest booked event waits in the heap.
+        assert_eq!((with_book.heap.len(), with_book.booked.len()), (4, 3));
+        assert_eq!(with_book.len(), 7);
+        let drain = |a: &mut Agenda| {
+            let mut out = Vec::new();
+            while let Some(t) = a.next_time() {
+                while let Some(ev) = a.pop_at(t) {
+                    out.push((t, ev));
+                }
+            }
+            out
+        };
+        let expected = vec![
+            (1.0, Event::TraceArrival(1)),
+            (1.0, Event::TraceArrival(3)),
+            (1.0, Event::NextTurn(e(5))),
+            (1.0, Event::StepEnd(e(6), 0)),
+            (2.0, Event::Phase(0)),
+            (2.0, Event::TraceArrival(2)),
+            (3.0, Event::TraceArrival(0)),
+        ];
+        assert_eq!(drain(&mut one_by_one), expected);
+        assert_eq!(drain(&mut with_book), expected);
+        assert!(with_book.is_empty());
     }
 
     #[test]

@@ -166,12 +166,13 @@ impl Sim {
         );
         match trace {
             Some(t) => {
-                // Closed-loop turns are booked when their previous turn ends.
-                for (i, r) in t.iter().enumerate() {
-                    if let Some(at) = r.arrival {
-                        agenda.schedule(at, Event::TraceArrival(i as u32));
-                    }
-                }
+                // Closed-loop turns are scheduled when their previous turn
+                // ends.
+                agenda.book(
+                    t.iter().enumerate().filter_map(|(i, r)| {
+                        r.arrival.map(|at| (at, Event::TraceArrival(i as u32)))
+                    }),
+                );
                 workload.trace = t;
             }
             None => {
