@@ -810,4 +810,237 @@ mod tests {
         assert_eq!(hit, b);
         assert_eq!(pool.num_free_cached(), 0);
     }
+
+    /// Every structure of the pool agrees with every other: the queue
+    /// walked from its head is linked both ways and holds exactly the blocks
+    /// no one references, its counts are right, and the index names each
+    /// cached block where the block says it is.
+    fn check_consistent(pool: &BlockPool) {
+        let queue = pool.free_queue();
+        assert_eq!(queue.len() as u32, pool.num_free());
+        let mut prev = NONE;
+        for &id in &queue {
+            let b = &pool.blocks[id as usize];
+            assert_eq!((b.ref_cnt, b.prev), (0, prev), "block {id} in the queue");
+            prev = id;
+        }
+        assert_eq!(pool.queue.tail, prev);
+        let unreferenced = pool.blocks.iter().filter(|b| b.ref_cnt == 0).count();
+        assert_eq!(
+            unreferenced,
+            queue.len(),
+            "the unreferenced blocks are the queue"
+        );
+        let cached = queue
+            .iter()
+            .filter(|&&id| pool.blocks[id as usize].has_key());
+        assert_eq!(cached.count() as u32, pool.num_free_cached());
+        for (&stream, &slot) in &pool.slot_of {
+            let s = &pool.slots[slot as usize];
+            assert_eq!(s.stream, stream);
+            assert_eq!(
+                s.count as usize,
+                s.at.iter().filter(|&&b| b != NONE).count()
+            );
+            assert_eq!(
+                s.leading as usize,
+                s.at.iter().take_while(|&&b| b != NONE).count()
+            );
+            assert_ne!(
+                s.at.last(),
+                Some(&NONE),
+                "the index of a stream ends cached"
+            );
+            for (i, &id) in s.at.iter().enumerate().filter(|(_, b)| **b != NONE) {
+                let b = &pool.blocks[id as usize];
+                assert_eq!((b.key_slot, b.key_index), (slot, i as u32), "block {id}");
+            }
+        }
+        for (id, b) in pool.blocks.iter().enumerate().filter(|(_, b)| b.has_key()) {
+            let at = pool.slots[b.key_slot as usize].at[b.key_index as usize];
+            let key = BlockKey {
+                stream: pool.slots[b.key_slot as usize].stream,
+                index: b.key_index,
+            };
+            let dup = pool
+                .dups
+                .get(&key)
+                .is_some_and(|d| d.contains(&(id as u32)));
+            assert!(
+                at == id as u32 || dup,
+                "block {id} is found by its identity"
+            );
+        }
+    }
+
+    /// The reference semantics written plainly (a queue of ids, an identity
+    /// map), to hold the pool's shortcuts against.
+    #[derive(Default)]
+    struct Plain {
+        queue: std::collections::VecDeque<BlockId>,
+        refs: Vec<u32>,
+        key_of: Vec<Option<BlockKey>>,
+        holder: HashMap<BlockKey, BlockId>,
+    }
+
+    impl Plain {
+        fn new(n: u32) -> Plain {
+            Plain {
+                queue: (0..n).collect(),
+                refs: vec![0; n as usize],
+                key_of: vec![None; n as usize],
+                holder: HashMap::new(),
+            }
+        }
+        fn leading(&self, stream: u64) -> u32 {
+            (0..)
+                .take_while(|&index| self.holder.contains_key(&key(stream, index)))
+                .count() as u32
+        }
+        fn touch(&mut self, stream: u64, n: u32, table: &mut Vec<BlockId>) {
+            for index in 0..n {
+                let id = self.holder[&key(stream, index)];
+                if self.refs[id as usize] == 0 {
+                    self.queue.retain(|&b| b != id);
+                }
+                self.refs[id as usize] += 1;
+                table.push(id);
+            }
+        }
+        fn allocate(&mut self, n: u32, table: &mut Vec<BlockId>) {
+            for _ in 0..n {
+                let id = self.queue.pop_front().expect("checked");
+                if let Some(k) = self.key_of[id as usize].take() {
+                    self.holder.remove(&k);
+                }
+                self.refs[id as usize] = 1;
+                table.push(id);
+            }
+        }
+        fn cache(&mut self, table: &[BlockId], stream: u64, from: u32, to: u32) {
+            for k in from..to {
+                let (id, key) = (table[k as usize], key(stream, k));
+                if self.key_of[id as usize] == Some(key) {
+                    continue;
+                }
+                if let Some(old) = self.holder.insert(key, id) {
+                    self.key_of[old as usize] = None;
+                }
+                self.key_of[id as usize] = Some(key);
+            }
+        }
+        fn free(&mut self, table: &[BlockId]) {
+            for &id in table.iter().rev() {
+                self.refs[id as usize] -= 1;
+                if self.refs[id as usize] == 0 {
+                    self.queue.push_back(id);
+                }
+            }
+        }
+    }
+
+    /// A request of the random workload: its stream, its tokens so far and
+    /// its block table.
+    struct Holder {
+        stream: u64,
+        tokens: u32,
+        table: Vec<BlockId>,
+    }
+
+    /// Requests on four streams arrive, grow a block at a time (decode)
+    /// and end, at random, in a pool small enough that they evict one
+    /// another's prefixes; after every operation the pool is consistent,
+    /// and with the reference semantics it is, block for block, the plain
+    /// model's (the same queue order, identities and reference counts).
+    #[test]
+    fn a_random_workload_keeps_the_pool_consistent_and_as_the_plain_model() {
+        use rand::{RngExt, SeedableRng};
+        for semantics in [EngineSemantics::Reference, EngineSemantics::Vllm033] {
+            let (n, bs) = (24, 4);
+            let mut pool = BlockPool::for_engine(n, bs, semantics);
+            let reference = semantics == EngineSemantics::Reference;
+            let mut plain = Plain::new(n);
+            let mut live: Vec<Holder> = Vec::new();
+            let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
+            let (mut hits, mut evictions) = (0u32, 0u32);
+            for _ in 0..20_000 {
+                let op = rng.random_range(0..3);
+                if op == 0 || live.is_empty() {
+                    let stream = rng.random_range(0..4u64);
+                    let tokens = rng.random_range(1..=12 * bs);
+                    let path = BlockPath::stream(stream);
+                    let hit = pool.cached_prefix_blocks(&path, reusable(tokens, bs) / bs);
+                    let new = pool.blocks_for(tokens) - hit;
+                    if !pool.can_allocate_after_hit(&path, hit, new) {
+                        continue;
+                    }
+                    // Free cached blocks that neither the hit took nor
+                    // allocation left: evicted.
+                    let kept = pool.num_free_cached() - pool.free_among_prefix(&path, hit);
+                    let mut table = Vec::new();
+                    pool.touch_prefix(&path, hit, &mut table);
+                    pool.allocate(new, &mut table);
+                    evictions += kept - pool.num_free_cached();
+                    pool.cache_blocks(&table, &path, hit, tokens / bs);
+                    hits += hit;
+                    if reference {
+                        assert_eq!(plain.leading(stream).min(reusable(tokens, bs) / bs), hit);
+                        let mut t = Vec::new();
+                        plain.touch(stream, hit, &mut t);
+                        plain.allocate(new, &mut t);
+                        plain.cache(&t, stream, hit, tokens / bs);
+                        assert_eq!(t, table);
+                    }
+                    live.push(Holder {
+                        stream,
+                        tokens,
+                        table,
+                    });
+                } else if op == 1 {
+                    // A decode of `bs` tokens: the full blocks are cached.
+                    let h = rng.random_range(0..live.len());
+                    let h = &mut live[h];
+                    let tokens = h.tokens + bs;
+                    let need = pool.blocks_for(tokens) - h.table.len() as u32;
+                    if need > pool.num_free() {
+                        continue;
+                    }
+                    let path = BlockPath::stream(h.stream);
+                    let from = h.tokens / bs;
+                    let at = h.table.len();
+                    pool.allocate(need, &mut h.table);
+                    pool.cache_blocks(&h.table, &path, from, tokens / bs);
+                    if reference {
+                        let mut t = h.table[..at].to_vec();
+                        plain.allocate(need, &mut t);
+                        assert_eq!(t, h.table);
+                        plain.cache(&h.table, h.stream, from, tokens / bs);
+                    }
+                    h.tokens = tokens;
+                } else {
+                    let h = live.swap_remove(rng.random_range(0..live.len()));
+                    pool.free(&h.table);
+                    if reference {
+                        plain.free(&h.table);
+                    }
+                }
+                check_consistent(&pool);
+                if reference {
+                    assert_eq!(pool.free_queue(), Vec::from(plain.queue.clone()));
+                    for id in 0..n {
+                        assert_eq!(pool.ref_count(id), plain.refs[id as usize]);
+                    }
+                    for stream in 0..4 {
+                        let all = BlockPath::stream(stream);
+                        assert_eq!(pool.cached_prefix_blocks(&all, 64), plain.leading(stream));
+                    }
+                }
+            }
+            // The workload did what it is for: hits, sharing, eviction.
+            assert!(
+                hits > 10_000 && evictions > 1_000,
+                "{hits} hits, {evictions} evictions"
+            );
+        }
+    }
 }
