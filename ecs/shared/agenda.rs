@@ -148,10 +148,13 @@ impl Agenda {
 
     /// Schedules events known before the run, as [`Agenda::schedule`] one
     /// by one in this order would (the same sequence numbers, so the same
-    /// order at equal times); they wait outside the heap until they are
-    /// the next of their kind. Once per agenda.
+    /// order at equal times); each waits outside the heap until it is the
+    /// earliest of them. Once per agenda.
     pub fn book(&mut self, events: impl IntoIterator<Item = (f64, Event)>) {
-        assert!(self.booked.is_empty(), "an agenda is booked once");
+        assert!(
+            self.booked_seqs.0 == self.booked_seqs.1,
+            "an agenda is booked once"
+        );
         let first = self.seq;
         let mut booked: Vec<Entry> = events
             .into_iter()
