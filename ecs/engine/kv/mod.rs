@@ -339,13 +339,16 @@ impl BlockPool {
         if n > self.queue.num_free {
             return false;
         }
-        table.reserve(n as usize);
         // The first `n` blocks of the queue leave it as one stretch: walked
         // along their links, with the new front linked once (the queue that
-        // taking them from the front one by one leaves).
+        // taking them from the front one by one leaves). The table grows
+        // once and its new entries are written in place (no push's
+        // capacity check per block).
+        let start = table.len();
+        table.resize(start + n as usize, NONE);
         let mut id = self.queue.head;
         let mut evicted = 0u32;
-        for _ in 0..n {
+        for entry in &mut table[start..] {
             let b = &mut self.blocks[id as usize];
             let next = b.next;
             b.ref_cnt = 1;
@@ -359,7 +362,7 @@ impl BlockPool {
                 }
                 evicted += 1;
             }
-            table.push(id);
+            *entry = id;
             id = next;
         }
         self.queue.head = id;
