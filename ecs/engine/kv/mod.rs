@@ -878,7 +878,6 @@ mod tests {
 
     /// The reference semantics written plainly (a queue of ids, an identity
     /// map), to hold the pool's shortcuts against.
-    #[derive(Default)]
     struct Plain {
         queue: std::collections::VecDeque<BlockId>,
         refs: Vec<u32>,
