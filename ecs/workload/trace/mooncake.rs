@@ -306,6 +306,38 @@ fn digits_in(w: u64) -> (usize, u64) {
     (n, v)
 }
 
+/// `BufRead::read_until(b'\n', raw)`, with the end of the line found by
+/// the memchr crate (vector instructions) rather than std's word-at-a-time
+/// search: a trace of the peers' size is 185 MB, and the search was a tenth
+/// of reading it.
+fn read_line(reader: &mut impl BufRead, raw: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut len = 0;
+    loop {
+        let (done, used) = {
+            let buf = match reader.fill_buf() {
+                Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            match memchr::memchr(b'\n', buf) {
+                Some(i) => {
+                    raw.extend_from_slice(&buf[..=i]);
+                    (true, i + 1)
+                }
+                None => {
+                    raw.extend_from_slice(buf);
+                    (buf.is_empty(), buf.len())
+                }
+            }
+        };
+        reader.consume(used);
+        len += used;
+        if done {
+            return Ok(len);
+        }
+    }
+}
+
 /// Reads a Mooncake JSONL trace line by line, handing each record to
 /// `take` until it returns false; errors name the file, line, column and
 /// field.
@@ -320,8 +352,7 @@ pub fn read(
     loop {
         raw.clear();
         n += 1;
-        let len = reader
-            .read_until(b'\n', &mut raw)
+        let len = read_line(&mut reader, &mut raw)
             .map_err(|e| Error::new(format!("{file}:{n}: cannot read: {e}")))?;
         if len == 0 {
             return Ok(());
@@ -513,6 +544,32 @@ mod tests {
             err.to_string(),
             "t.jsonl:2: cannot read: stream did not contain valid UTF-8"
         );
+    }
+
+    #[test]
+    fn lines_are_read_as_read_until_reads_them() {
+        // Buffers of 1, 2, 3 and 64 bytes split the lines everywhere: a
+        // line across buffers, an empty line, a last line without its
+        // newline, and nothing after the end.
+        let text = b"ab\n\ncdefg\nh\nlast";
+        for cap in [1, 2, 3, 64] {
+            let mut ours = std::io::BufReader::with_capacity(cap, &text[..]);
+            let mut std = std::io::BufReader::with_capacity(cap, &text[..]);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let mut lines = 0;
+            loop {
+                a.clear();
+                b.clear();
+                let n = read_line(&mut ours, &mut a).unwrap();
+                assert_eq!(n, std.read_until(b'\n', &mut b).unwrap(), "capacity {cap}");
+                assert_eq!(a, b, "capacity {cap}");
+                if n == 0 {
+                    break;
+                }
+                lines += 1;
+            }
+            assert_eq!(lines, 5, "capacity {cap}");
+        }
     }
 
     #[test]
