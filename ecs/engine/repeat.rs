@@ -15,30 +15,29 @@
 use crate::engine::Engine;
 use crate::engine::cost::{StepTime, linear};
 use crate::engine::kv::BlockPool;
-use crate::engine::request::RequestStore;
+use crate::engine::request::{Request, RequestStore};
+
+/// The longest run of identical steps (a bound; runs end well before it).
+pub(crate) const MAX_RUN: u32 = 1 << 16;
+
+/// How many times a step that gives request `r` `n` tokens can run
+/// identically, as far as `r` decides: 1 unless `r` only decodes; then
+/// until it would need a new block (that step must be formed for real) or
+/// finishes (the last step of the run). The step's run is the least of
+/// its requests' ([`Engine::start_step`] takes it on the look-up of each
+/// request that sums the step's KV).
+pub(crate) fn run_limit(r: &Request, n: u32, block_size: u32) -> u32 {
+    if n != 1 || r.computed + 1 != r.known_tokens() || r.generated == 0 {
+        return 1; // a prefill chunk: not a pure decode step
+    }
+    // Step j (from 0) fits in the blocks held while computed + j + 1
+    // fits; the run must not go past the step that finishes it.
+    let fit = r.blocks.len() as u32 * block_size - r.computed;
+    let until_finish = r.max_tokens() - r.generated;
+    fit.min(until_finish)
+}
 
 impl Engine {
-    /// How many times the step just formed can run identically: 1 unless it
-    /// only decodes; then until a request would need a new block (that step
-    /// must be formed for real) or finishes (the last step of the run).
-    pub(crate) fn repeatable(&self, kv: &BlockPool, reqs: &mut impl RequestStore) -> u32 {
-        const MAX_RUN: u32 = 1 << 16;
-        let bs = kv.block_size();
-        let mut repeat = MAX_RUN;
-        for &(id, n) in &self.step {
-            let r = reqs.req(id);
-            if n != 1 || r.computed + 1 != r.known_tokens() || r.generated == 0 {
-                return 1; // a prefill chunk: not a pure decode step
-            }
-            // Step j (from 0) fits in the blocks held while computed + j + 1
-            // fits; the run must not go past the step that finishes it.
-            let fit = r.blocks.len() as u32 * bs - r.computed;
-            let until_finish = r.max_tokens() - r.generated;
-            repeat = repeat.min(fit).min(until_finish);
-        }
-        repeat
-    }
-
     /// Works out when each step of the run just booked ends, exactly as
     /// step-by-step simulation would (`t += cost`); returns the run's end.
     pub(crate) fn book_run_ends(&mut self) -> f64 {

@@ -4,6 +4,7 @@
 use bevy_ecs::prelude::*;
 
 use crate::engine::kv::{BlockPool, reusable};
+use crate::engine::repeat::{MAX_RUN, run_limit};
 use crate::engine::request::{KvSource, Leg, Request, RequestStore, Status};
 use crate::engine::{Engine, StepLog, cache_full_blocks, uncomputed_prompt};
 use crate::scenario::EngineSemantics;
@@ -20,12 +21,11 @@ impl Engine {
         log: &mut StepLog,
     ) -> Option<f64> {
         self.forming_at = now;
-        let duration = self.form_step(kv, reqs, log)?;
+        let (duration, repeat) = self.form_step(kv, reqs, log)?;
         self.step_start = now;
         self.repeat = 1;
         let mut end = now + duration;
         if self.repeat_steps && log.preempted.is_empty() {
-            let repeat = self.repeatable(kv, reqs);
             if repeat > 1 {
                 self.book_run_costs(repeat, reqs);
                 self.repeat = repeat;
@@ -37,13 +37,14 @@ impl Engine {
         Some(end)
     }
 
-    /// Forms the next step's composition. Returns one step's duration.
+    /// Forms the next step's composition. Returns one step's duration, and
+    /// how many times it could run identically ([`run_limit`]).
     fn form_step(
         &mut self,
         kv: &mut BlockPool,
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
-    ) -> Option<f64> {
+    ) -> Option<(f64, u32)> {
         self.dirty = false;
         self.step.clear();
         loop {
@@ -76,10 +77,13 @@ impl Engine {
         if self.step.is_empty() {
             return None;
         }
-        let (mut tokens, mut kv_tokens) = (0u64, 0u64);
+        let (mut tokens, mut kv_tokens, mut repeat) = (0u64, 0u64, MAX_RUN);
+        let block_size = kv.block_size();
         for &(id, n) in &self.step {
+            let r = reqs.req(id);
             tokens += n as u64;
-            kv_tokens += (reqs.req(id).computed + n) as u64;
+            kv_tokens += (r.computed + n) as u64;
+            repeat = repeat.min(run_limit(r, n, block_size));
         }
         self.step_kv = kv_tokens;
         if self.slices.is_some() {
@@ -90,7 +94,7 @@ impl Engine {
                 .sum();
             self.step_preempted = log.preempted.len() as u32;
         }
-        Some(self.formed_step_cost(tokens, kv_tokens, reqs))
+        Some((self.formed_step_cost(tokens, kv_tokens, reqs), repeat))
     }
 
     /// Step 1: running requests in admission order. Returns whether anyone
@@ -109,22 +113,21 @@ impl Engine {
             let r = reqs.req(id);
             let n = (r.known_tokens() - r.computed).min(budget);
             let mut scheduled = true;
-            loop {
-                let r = reqs.req(id);
-                let need = kv
-                    .blocks_for(r.computed + n)
-                    .saturating_sub(r.blocks.len() as u32);
-                if kv.allocate(need, &mut r.blocks) {
-                    cache_full_blocks(kv, r, r.computed + n);
-                    break;
-                }
-                // No room: preempt the most recently admitted request.
-                let victim = self.running.pop().expect("the request itself is running");
-                self.preempt(victim, kv, reqs, log);
-                preempted = true;
-                if victim == id {
-                    scheduled = false;
-                    break;
+            // (Looked up again only after a preemption, which needs the
+            // store.)
+            if !take_blocks(kv, r, n) {
+                loop {
+                    // No room: preempt the most recently admitted request.
+                    let victim = self.running.pop().expect("the request itself is running");
+                    self.preempt(victim, kv, reqs, log);
+                    preempted = true;
+                    if victim == id {
+                        scheduled = false;
+                        break;
+                    }
+                    if take_blocks(kv, reqs.req(id), n) {
+                        break;
+                    }
                 }
             }
             if !scheduled {
@@ -440,4 +443,17 @@ impl Engine {
             self.deliver_transfers(kv, reqs);
         }
     }
+}
+
+/// Allocates the blocks running request `r` needs for `n` more tokens and
+/// caches those they fill; false, changing nothing, when too few are free.
+fn take_blocks(kv: &mut BlockPool, r: &mut Request, n: u32) -> bool {
+    let need = kv
+        .blocks_for(r.computed + n)
+        .saturating_sub(r.blocks.len() as u32);
+    if !kv.allocate(need, &mut r.blocks) {
+        return false;
+    }
+    cache_full_blocks(kv, r, r.computed + n);
+    true
 }
