@@ -385,7 +385,7 @@ impl Engine {
             self.backlog -= uncomputed_prompt(r);
             if repeat > 1 {
                 // A run of decode steps: one token computed and one sampled
-                // per step; none finished before the last (see repeatable).
+                // per step; none finished before the last (see run_limit).
                 // Blocks filled during the run are cached as the steps'
                 // formations would have cached them.
                 r.computed += repeat - 1;

@@ -117,10 +117,13 @@ pub fn step_start_system(
         &mut parked,
         recorder.as_deref_mut(),
         &mut status,
+        |_, _, _| {},
     );
 }
 
-/// What [`step_start_system`] does (the loop's fast tick calls it too).
+/// What [`step_start_system`] does (the loop's fast tick calls it too),
+/// with `after` shown each engine, prefillers then decoders, once its step
+/// is formed (the fast tick reads the gauges' inputs on the same look-up).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start_steps(
     now: f64,
@@ -132,73 +135,77 @@ pub(crate) fn start_steps(
     parked: &mut Parked,
     mut recorder: Option<&mut StepRecorder>,
     status: &mut RunStatus,
+    mut after: impl FnMut(usize, &Engine, &KvPool),
 ) {
-    for &e in index.prefill.iter().chain(&index.decode) {
+    for (k, &e) in index.prefill.iter().chain(&index.decode).enumerate() {
         let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
-        if !engine.dirty {
-            continue;
-        }
-        let log = &mut scratch.log;
-        log.clear();
-        if !engine.is_idle() {
-            // Something reached an engine running repeated decode steps:
-            // cut the run at the first step boundary at or after now.
-            match engine.cut_run(now) {
-                Some(end) if end > now => {
-                    let generation = engine.generation;
-                    agenda.schedule(end, Event::StepEnd(e, generation));
-                    continue;
-                }
-                Some(_) => {
-                    // The boundary is now: end the run here and form the next
-                    // step at once, as the step-by-step tick would.
-                    engine.finish_step(now, &mut kv.0, reqs, log);
-                    debug_assert!(log.finished.is_empty() && log.first_tokens.is_empty());
-                    log.clear();
-                }
-                None => continue,
+        'engine: {
+            if !engine.dirty {
+                break 'engine;
             }
-        }
-        let end = engine.start_step(now, &mut kv.0, reqs, log);
-        if let Some(id) = log.never_fits
-            && status.error.is_none()
-        {
-            status.error = Some(never_fits(&engine, &kv.0, reqs.req(id), now));
-        }
-        parked.queue.extend_from_slice(&log.parked);
-        if end.is_none()
-            && let Some(rec) = recorder.as_deref_mut()
-        {
-            for &id in &log.preempted {
-                rec.pending_preempted.push((e, reqs.req(id).id));
-            }
-        }
-        if let Some(end) = end {
-            let generation = engine.generation;
-            agenda.schedule(end, Event::StepEnd(e, generation));
-            if let Some(rec) = recorder.as_deref_mut() {
-                let scheduled = engine
-                    .step
-                    .iter()
-                    .map(|&(id, n)| (reqs.req(id).id, n))
-                    .collect();
-                let mut preempted: Vec<u64> = Vec::new();
-                rec.pending_preempted.retain(|&(engine, id)| {
-                    if engine == e {
-                        preempted.push(id);
+            let log = &mut scratch.log;
+            log.clear();
+            if !engine.is_idle() {
+                // Something reached an engine running repeated decode steps:
+                // cut the run at the first step boundary at or after now.
+                match engine.cut_run(now) {
+                    Some(end) if end > now => {
+                        let generation = engine.generation;
+                        agenda.schedule(end, Event::StepEnd(e, generation));
+                        break 'engine;
                     }
-                    engine != e
-                });
-                preempted.extend(log.preempted.iter().map(|&id| reqs.req(id).id));
-                rec.steps.push(StepRecord {
-                    engine: e,
-                    start: now,
-                    end,
-                    scheduled,
-                    preempted,
-                    kv_blocks_held: kv.0.num_held(),
-                });
+                    Some(_) => {
+                        // The boundary is now: end the run here and form the next
+                        // step at once, as the step-by-step tick would.
+                        engine.finish_step(now, &mut kv.0, reqs, log);
+                        debug_assert!(log.finished.is_empty() && log.first_tokens.is_empty());
+                        log.clear();
+                    }
+                    None => break 'engine,
+                }
+            }
+            let end = engine.start_step(now, &mut kv.0, reqs, log);
+            if let Some(id) = log.never_fits
+                && status.error.is_none()
+            {
+                status.error = Some(never_fits(&engine, &kv.0, reqs.req(id), now));
+            }
+            parked.queue.extend_from_slice(&log.parked);
+            if end.is_none()
+                && let Some(rec) = recorder.as_deref_mut()
+            {
+                for &id in &log.preempted {
+                    rec.pending_preempted.push((e, reqs.req(id).id));
+                }
+            }
+            if let Some(end) = end {
+                let generation = engine.generation;
+                agenda.schedule(end, Event::StepEnd(e, generation));
+                if let Some(rec) = recorder.as_deref_mut() {
+                    let scheduled = engine
+                        .step
+                        .iter()
+                        .map(|&(id, n)| (reqs.req(id).id, n))
+                        .collect();
+                    let mut preempted: Vec<u64> = Vec::new();
+                    rec.pending_preempted.retain(|&(engine, id)| {
+                        if engine == e {
+                            preempted.push(id);
+                        }
+                        engine != e
+                    });
+                    preempted.extend(log.preempted.iter().map(|&id| reqs.req(id).id));
+                    rec.steps.push(StepRecord {
+                        engine: e,
+                        start: now,
+                        end,
+                        scheduled,
+                        preempted,
+                        kv_blocks_held: kv.0.num_held(),
+                    });
+                }
             }
         }
+        after(k, &engine, &kv);
     }
 }

@@ -52,6 +52,34 @@ pub struct Gauges {
     last_time: f64,
     current: [f64; 6],
     integral: [f64; 6],
+    /// What each engine's gauges read at this tick's end, prefillers then
+    /// decoders in the index's order: filled by [`observe_system`], or by
+    /// the loop's fast tick as it forms the steps (on the same look-up).
+    pub(crate) engines: Vec<EngineState>,
+}
+
+/// What the gauges read of one engine.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EngineState {
+    running: u32,
+    active: u32,
+    held: u32,
+    blocks: u32,
+    block_size: u32,
+    waiting: u32,
+}
+
+impl EngineState {
+    pub(crate) fn of(engine: &Engine, kv: &KvPool) -> EngineState {
+        EngineState {
+            running: engine.running.len() as u32,
+            active: engine.active(),
+            held: kv.0.num_held(),
+            blocks: kv.0.num_blocks(),
+            block_size: kv.0.block_size(),
+            waiting: engine.waiting.len() as u32,
+        }
+    }
 }
 
 impl Gauges {
@@ -62,6 +90,7 @@ impl Gauges {
             last_time: 0.0,
             current: [0.0; 6],
             integral: [0.0; 6],
+            engines: Vec::new(),
         }
     }
 
@@ -99,22 +128,20 @@ pub fn observe_system(
     counters: Res<Counters>,
     mut trend: ResMut<InFlightTrend>,
 ) {
-    observe(
-        clock.now,
-        &index,
-        |e| engines.get(e).expect("engine"),
-        &mut gauges,
-        &counters,
-        &mut trend,
-    );
+    let states = &mut gauges.engines;
+    states.clear();
+    states.extend(index.prefill.iter().chain(&index.decode).map(|&e| {
+        let (engine, kv) = engines.get(e).expect("engine");
+        EngineState::of(engine, kv)
+    }));
+    observe(clock.now, &index, &mut gauges, &counters, &mut trend);
 }
 
-/// What [`observe_system`] does, reading each engine through `engine` (the
-/// loop's fast tick calls it too).
-pub(crate) fn observe<'a>(
+/// What [`observe_system`] does once the engines' states are in
+/// `gauges.engines` (the loop's fast tick calls it too).
+pub(crate) fn observe(
     now: f64,
     index: &EngineIndex,
-    engine: impl Fn(Entity) -> (&'a Engine, &'a KvPool),
     gauges: &mut Gauges,
     counters: &Counters,
     trend: &mut InFlightTrend,
@@ -123,23 +150,21 @@ pub(crate) fn observe<'a>(
     let (mut run_min, mut run_max) = (u32::MAX, 0u32);
     let (mut load_min, mut load_max) = (u32::MAX, 0u32);
     let (mut usage_max, mut usage_sum) = (0.0f64, 0.0f64);
-    for &e in &index.decode {
-        let (eng, kv) = engine(e);
-        let running = eng.running.len() as u32;
-        let active = eng.active();
-        run_min = run_min.min(running);
-        run_max = run_max.max(running);
-        load_min = load_min.min(active);
-        load_max = load_max.max(active);
-        let usage = kv.0.num_held() as f64 / kv.0.num_blocks() as f64;
+    let (prefill, decode) = gauges.engines.split_at(index.prefill.len());
+    debug_assert_eq!(decode.len(), index.decode.len());
+    for s in decode {
+        run_min = run_min.min(s.running);
+        run_max = run_max.max(s.running);
+        load_min = load_min.min(s.active);
+        load_max = load_max.max(s.active);
+        let usage = s.held as f64 / s.blocks as f64;
         usage_max = usage_max.max(usage);
         usage_sum += usage;
     }
     let (mut held, mut queue) = (0.0f64, 0.0f64);
-    for &e in &index.prefill {
-        let (eng, kv) = engine(e);
-        held += (kv.0.num_held() * kv.0.block_size()) as f64;
-        queue += eng.waiting.len() as f64;
+    for s in prefill {
+        held += (s.held * s.block_size) as f64;
+        queue += s.waiting as f64;
     }
     let nd = index.decode.len().max(1) as f64;
     let np = index.prefill.len().max(1) as f64;

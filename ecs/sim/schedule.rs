@@ -18,7 +18,7 @@ use crate::engine::{BlockPool, Engine, KvPool, Request, Role, StepLog};
 use crate::error::Result;
 use crate::metrics::backlog::MAX_IN_FLIGHT;
 use crate::metrics::figures::{SeriesRecorder, series_system};
-use crate::metrics::gauges::{observe, observe_system};
+use crate::metrics::gauges::{EngineState, observe, observe_system};
 use crate::metrics::{Counters, CustomMetrics, Gauges, InFlightTrend, Metrics, Report};
 use crate::router::book::RouterBook;
 use crate::router::gateway::routing_system;
@@ -785,6 +785,14 @@ fn fast_ticks(
                 &mut retirement,
             );
         }
+        // The gauges read each engine as its step is formed: nothing after
+        // that changes an engine in a fast tick (a tick where something
+        // does hands over to the list, whose observe reads them itself).
+        let states = &mut gauges.engines;
+        states.resize(
+            index.prefill.len() + index.decode.len(),
+            EngineState::default(),
+        );
         start_steps(
             now,
             &index,
@@ -795,18 +803,12 @@ fn fast_ticks(
             &mut parked,
             recorder.as_deref_mut(),
             &mut status,
+            |k, engine, kv| states[k] = EngineState::of(engine, kv),
         );
         if due::post_reads(&parked) || due::bandwidth(&flows) || due::failures(&failed) {
             return Some(POST_READS);
         }
-        observe(
-            now,
-            &index,
-            |e| engines.get(e).expect("engine"),
-            &mut gauges,
-            &counters,
-            &mut trend,
-        );
+        observe(now, &index, &mut gauges, &counters, &mut trend);
         // The tick is done; the loop would hand over the next one now.
         if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() {
             return None;
