@@ -25,12 +25,10 @@ impl Engine {
         self.step_start = now;
         self.repeat = 1;
         let mut end = now + duration;
-        if self.repeat_steps && log.preempted.is_empty() {
-            if repeat > 1 {
-                self.book_run_costs(repeat, reqs);
-                self.repeat = repeat;
-                end = self.book_run_ends();
-            }
+        if self.repeat_steps && log.preempted.is_empty() && repeat > 1 {
+            self.book_run_costs(repeat, reqs);
+            self.repeat = repeat;
+            end = self.book_run_ends();
         }
         self.busy_until = Some(end);
         self.generation += 1;
