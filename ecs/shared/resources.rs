@@ -108,6 +108,22 @@ pub struct EngineIndex {
     pub decode: Vec<Entity>,
 }
 
+impl EngineIndex {
+    /// Every engine, prefillers then decoders, each by index: the order
+    /// steps are formed in and the gauges read the engines in.
+    pub fn all(&self) -> impl Iterator<Item = Entity> + '_ {
+        self.prefill.iter().chain(&self.decode).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.prefill.len() + self.decode.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Set when the run must stop (a script error); the loop checks it.
 #[derive(Resource, Default, Debug)]
 pub struct RunStatus {

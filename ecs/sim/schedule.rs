@@ -757,6 +757,8 @@ fn fast_ticks(
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
+    // (Filled engine by engine below, every fast tick.)
+    gauges.engines.resize(index.len(), EngineState::default());
     loop {
         if due::faults(&events, &faults) || due::routing(&events, &gateway) {
             return Some(0);
@@ -789,10 +791,6 @@ fn fast_ticks(
         // that changes an engine in a fast tick (a tick where something
         // does hands over to the list, whose observe reads them itself).
         let states = &mut gauges.engines;
-        states.resize(
-            index.prefill.len() + index.decode.len(),
-            EngineState::default(),
-        );
         start_steps(
             now,
             &index,
