@@ -137,7 +137,7 @@ pub(crate) fn start_steps(
     status: &mut RunStatus,
     mut after: impl FnMut(usize, &Engine, &KvPool),
 ) {
-    for (k, e) in index.all().enumerate() {
+    for (k, &e) in index.all().enumerate() {
         let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
         'engine: {
             if !engine.dirty {

@@ -130,7 +130,7 @@ pub fn observe_system(
 ) {
     let states = &mut gauges.engines;
     states.clear();
-    states.extend(index.all().map(|e| {
+    states.extend(index.all().map(|&e| {
         let (engine, kv) = engines.get(e).expect("engine");
         EngineState::of(engine, kv)
     }));

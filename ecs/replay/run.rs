@@ -36,7 +36,7 @@ fn observe_replay(
     reqs: Query<&Request>,
     mut log: ResMut<ReplayLog>,
 ) {
-    for e in index.all() {
+    for &e in index.all() {
         let engine = engines.get(e).expect("engine");
         let seen = log.generation.insert(e, engine.generation);
         if seen.unwrap_or(0) == engine.generation || engine.is_idle() {

@@ -111,8 +111,10 @@ pub struct EngineIndex {
 impl EngineIndex {
     /// Every engine, prefillers then decoders, each by index: the order
     /// steps are formed in and the gauges read the engines in.
-    pub fn all(&self) -> impl Iterator<Item = Entity> + '_ {
-        self.prefill.iter().chain(&self.decode).copied()
+    pub fn all(
+        &self,
+    ) -> std::iter::Chain<std::slice::Iter<'_, Entity>, std::slice::Iter<'_, Entity>> {
+        self.prefill.iter().chain(&self.decode)
     }
 
     pub fn len(&self) -> usize {

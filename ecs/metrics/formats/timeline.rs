@@ -78,7 +78,7 @@ impl Timeline {
                        "args": {"name": "requests"}}),
         );
         let index = world.resource::<EngineIndex>().clone();
-        for (k, e) in index.all().enumerate() {
+        for (k, &e) in index.all().enumerate() {
             let pid = 2 + k as u64;
             let (engine, nic) = {
                 let mut q = world.query::<(&Engine, &Nic)>();
