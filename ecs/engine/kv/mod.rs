@@ -397,9 +397,16 @@ impl BlockPool {
             // The stream's index is sized for the run once, and its cached
             // prefix lengthened once after it (blocks are only added here:
             // the prefix ends at the first gap at or after where it ended).
-            self.size_index(slot, end - run.first);
-            for k in from.max(run.first)..end {
-                self.cache_in_sized_slot(table[k as usize], slot, k - run.first);
+            let (lo, hi) = (from.max(run.first) - run.first, end - run.first);
+            self.size_index(slot, hi);
+            for k in lo..hi {
+                self.cache_in_sized_slot(table[(run.first + k) as usize], slot, k);
+            }
+            // Every index in lo..hi now names a block: a prefix that
+            // reached lo runs on to hi at least, without looking at them.
+            let s = &mut self.slots[slot as usize];
+            if s.leading >= lo {
+                s.leading = s.leading.max(hi);
             }
             self.lengthen_prefix(slot);
         }
@@ -524,18 +531,32 @@ impl BlockPool {
         // loads and stores).
         let blocks = &mut self.blocks;
         let (mut tail, mut freed, mut cached) = (self.queue.tail, 0u32, 0u32);
-        for &id in table.iter().rev() {
+        let mut rest = table.iter().rev();
+        if tail == NONE {
+            // An empty queue: the first block to reach zero is its head
+            // (so the loop below never tests for an empty queue).
+            for &id in rest.by_ref() {
+                let block = &mut blocks[id as usize];
+                debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+                block.ref_cnt -= 1;
+                if block.ref_cnt == 0 {
+                    cached += block.has_key() as u32;
+                    block.prev = NONE;
+                    self.queue.head = id;
+                    tail = id;
+                    freed += 1;
+                    break;
+                }
+            }
+        }
+        for &id in rest {
             let block = &mut blocks[id as usize];
             debug_assert!(block.ref_cnt > 0, "double free of block {id}");
             block.ref_cnt -= 1;
             if block.ref_cnt == 0 {
                 cached += block.has_key() as u32;
                 block.prev = tail;
-                if tail == NONE {
-                    self.queue.head = id;
-                } else {
-                    blocks[tail as usize].next = id;
-                }
+                blocks[tail as usize].next = id;
                 tail = id;
                 freed += 1;
             }
