@@ -113,6 +113,11 @@ impl Ord for Entry {
 #[derive(Resource, Default)]
 pub struct Agenda {
     heap: BinaryHeap<Entry>,
+    /// Step ends, apart from the heap and sorted, the earliest last: most
+    /// ticks pop one and form the next, and they are few (one per busy
+    /// engine, and runs cut short), while the heap holds every session's
+    /// next turn. Events come out of the two in their one order.
+    steps: Vec<Entry>,
     seq: u64,
     /// Events booked before the run ([`Agenda::book`]), the latest first.
     /// Only the earliest of them waits in the heap (it comes out no later
@@ -131,7 +136,13 @@ impl Agenda {
     #[inline]
     pub fn schedule(&mut self, time: f64, event: Event) {
         let entry = self.entry(time, event);
-        self.heap.push(entry);
+        if let Event::StepEnd(..) = event {
+            // (Entry's order is reversed: the earliest is the greatest.)
+            let at = self.steps.partition_point(|e| *e < entry);
+            self.steps.insert(at, entry);
+        } else {
+            self.heap.push(entry);
+        }
     }
 
     #[inline]
@@ -174,16 +185,30 @@ impl Agenda {
         }
     }
 
+    /// The earliest event's entry, and whether it is the heap's.
+    #[inline]
+    fn earliest(&self) -> Option<(&Entry, bool)> {
+        match (self.heap.peek(), self.steps.last()) {
+            (Some(h), Some(s)) if h > s => Some((h, true)),
+            (_, Some(s)) => Some((s, false)),
+            (h, None) => h.map(|h| (h, true)),
+        }
+    }
+
     pub fn next_time(&self) -> Option<f64> {
-        self.heap.peek().map(|e| time_of(e.time))
+        self.earliest().map(|(e, _)| time_of(e.time))
     }
 
     /// Pops the next event if it happens at `time`.
     // (Inlined into the loop's tick, which calls it for every event.)
     #[inline]
     pub fn pop_at(&mut self, time: f64) -> Option<Event> {
-        if time_of(self.heap.peek()?.time) != time {
+        let (first, in_heap) = self.earliest()?;
+        if time_of(first.time) != time {
             return None;
+        }
+        if !in_heap {
+            return self.steps.pop().map(|e| e.event);
         }
         let entry = self.heap.pop()?;
         let seq = entry.rank_seq & SEQ_MASK;
@@ -195,7 +220,7 @@ impl Agenda {
 
     /// Events to come, booked ones included.
     pub fn len(&self) -> usize {
-        self.heap.len() + self.booked.len()
+        self.heap.len() + self.steps.len() + self.booked.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -259,8 +284,10 @@ mod tests {
         for (t, ev) in later {
             with_book.schedule(t, ev);
         }
-        // Only the earliest booked event waits in the heap.
-        assert_eq!((with_book.heap.len(), with_book.booked.len()), (4, 3));
+        // Only the earliest booked event waits in the heap (the step end
+        // waits with the step ends).
+        assert_eq!((with_book.heap.len(), with_book.steps.len()), (3, 1));
+        assert_eq!(with_book.booked.len(), 3);
         assert_eq!(with_book.len(), 7);
         let drain = |a: &mut Agenda| {
             let mut out = Vec::new();
@@ -283,6 +310,37 @@ mod tests {
         assert_eq!(drain(&mut one_by_one), expected);
         assert_eq!(drain(&mut with_book), expected);
         assert!(with_book.is_empty());
+    }
+
+    #[test]
+    fn step_ends_kept_apart_come_out_in_the_one_order() {
+        // Events scheduled while others are popped, as a run does: each
+        // pop must give the least (time, rank, insertion) of those waiting,
+        // whichever of the two queues holds it. Times on a grid of 0.5 s
+        // so that many are equal; the kinds cycle through ranks 1, 3, 4.
+        let e = |i| Entity::from_raw_u32(i).unwrap();
+        let mut agenda = Agenda::default();
+        let mut waiting: Vec<(f64, u8, u32, Event)> = Vec::new();
+        let mut popped = 0;
+        for i in 0..400u32 {
+            let time = (i / 4) as f64 * 0.5 + ((i * 7) % 5) as f64 * 0.5;
+            let event = match i % 3 {
+                0 => Event::StepEnd(e(i), i as u64),
+                1 => Event::NextTurn(e(i)),
+                _ => Event::ReadStart(e(i)),
+            };
+            agenda.schedule(time, event);
+            waiting.push((time, event.rank(), i, event));
+            if i % 2 == 1 {
+                let t = agenda.next_time().unwrap();
+                let got = agenda.pop_at(t).unwrap();
+                waiting.sort_by(|a, b| (a.0, a.1, a.2).partial_cmp(&(b.0, b.1, b.2)).unwrap());
+                let want = waiting.remove(0);
+                assert_eq!((t, got), (want.0, want.3), "pop {popped}");
+                popped += 1;
+            }
+        }
+        assert_eq!(agenda.len(), waiting.len());
     }
 
     #[test]
