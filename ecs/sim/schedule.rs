@@ -757,33 +757,39 @@ fn fast_ticks(
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
+    // The resources written each tick, marked changed once here rather
+    // than on every tick's use (the same change tick: the fetch's).
+    let (clock, events, deadlines) = (&mut *clock, &mut *events, &mut *deadlines);
+    let (scratch, handoffs, finished) = (&mut *scratch, &mut *handoffs, &mut *finished);
+    let (agenda, parked, status) = (&mut *agenda, &mut *parked, &mut *status);
+    let (gauges, counters, trend) = (&mut *gauges, &mut *counters, &mut *trend);
     // (Filled engine by engine below, every fast tick.)
     gauges.engines.resize(index.len(), EngineState::default());
     loop {
-        if due::faults(&events, &faults) || due::routing(&events, &gateway) {
+        if due::faults(events, &faults) || due::routing(events, &gateway) {
             return Some(0);
         }
         let now = clock.now;
         end_steps(
             now,
-            &events,
+            events,
             &mut engines,
             &mut reqs,
-            &mut scratch,
-            &mut handoffs,
-            &mut finished,
+            scratch,
+            handoffs,
+            finished,
         );
-        if due::handoff(&handoffs) {
+        if due::handoff(handoffs) {
             return Some(RETIRE);
         }
-        if due::retire(&finished) {
+        if due::retire(finished) {
             retire(
                 now,
-                &mut finished,
+                finished,
                 |id| reqs.get(id).expect("a finished request"),
                 |e| engines.get(e).expect("decoder").0.index,
-                &mut counters,
-                &mut agenda,
+                counters,
+                agenda,
                 &mut retirement,
             );
         }
@@ -796,28 +802,22 @@ fn fast_ticks(
             &index,
             &mut engines,
             &mut reqs,
-            &mut scratch,
-            &mut agenda,
-            &mut parked,
+            scratch,
+            agenda,
+            parked,
             recorder.as_deref_mut(),
-            &mut status,
+            status,
             |k, engine, kv| states[k] = EngineState::of(engine, kv),
         );
-        if due::post_reads(&parked) || due::bandwidth(&flows) || due::failures(&failed) {
+        if due::post_reads(parked) || due::bandwidth(&flows) || due::failures(&failed) {
             return Some(POST_READS);
         }
-        observe(now, &index, &mut gauges, &counters, &mut trend);
+        observe(now, &index, gauges, counters, trend);
         // The tick is done; the loop would hand over the next one now.
         if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() {
             return None;
         }
-        match pop_tick(
-            horizon,
-            &mut agenda,
-            &mut deadlines,
-            &mut events,
-            &mut clock,
-        ) {
+        match pop_tick(horizon, agenda, deadlines, events, clock) {
             None => return None,
             Some(false) => return Some(0),
             Some(true) => {}
