@@ -17,6 +17,11 @@ use crate::shared::{
 #[derive(Resource, Default, Debug)]
 pub struct StepScratch {
     pub log: StepLog,
+    /// For the loop's fast ticks: the engines, by position in
+    /// [`EngineIndex::all`], that may form a step or cut a run (dirty after
+    /// their last look, or their step just ended). The others are as the
+    /// tick before left them, so a fast tick does not look them up.
+    pub(crate) may_start: Vec<bool>,
 }
 
 /// System: apply steps that end now. Answered prefill legs go to the
@@ -117,6 +122,7 @@ pub fn step_start_system(
         &mut parked,
         recorder.as_deref_mut(),
         &mut status,
+        false,
         |_, _, _| {},
     );
 }
@@ -124,6 +130,9 @@ pub fn step_start_system(
 /// What [`step_start_system`] does (the loop's fast tick calls it too),
 /// with `after` shown each engine, prefillers then decoders, once its step
 /// is formed (the fast tick reads the gauges' inputs on the same look-up).
+/// With `only_marked`, only the engines `scratch.may_start` marks are
+/// looked at (and shown), and each is marked again if it is still dirty:
+/// an engine that is not dirty forms nothing and changes nothing here.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start_steps(
     now: f64,
@@ -135,9 +144,17 @@ pub(crate) fn start_steps(
     parked: &mut Parked,
     mut recorder: Option<&mut StepRecorder>,
     status: &mut RunStatus,
+    only_marked: bool,
     mut after: impl FnMut(usize, &Engine, &KvPool),
 ) {
     for (k, &e) in index.all().enumerate() {
+        if only_marked && !scratch.may_start[k] {
+            debug_assert!(
+                !engines.get(e).expect("engine").0.dirty,
+                "an unmarked engine is dirty"
+            );
+            continue;
+        }
         let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
         'engine: {
             if !engine.dirty {
@@ -205,6 +222,9 @@ pub(crate) fn start_steps(
                     });
                 }
             }
+        }
+        if only_marked {
+            scratch.may_start[k] = engine.dirty;
         }
         after(k, &engine, &kv);
     }

@@ -59,7 +59,7 @@ pub struct Gauges {
 }
 
 /// What the gauges read of one engine.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct EngineState {
     running: u32,
     active: u32,

@@ -117,6 +117,11 @@ impl EngineIndex {
         self.prefill.iter().chain(&self.decode)
     }
 
+    /// Where engine `e` comes in [`Self::all`].
+    pub fn position(&self, e: Entity) -> Option<usize> {
+        self.all().position(|&x| x == e)
+    }
+
     pub fn len(&self) -> usize {
         self.prefill.len() + self.decode.len()
     }

@@ -765,6 +765,12 @@ fn fast_ticks(
     let (gauges, counters, trend) = (&mut *gauges, &mut *counters, &mut *trend);
     // (Filled engine by engine below, every fast tick.)
     gauges.engines.resize(index.len(), EngineState::default());
+    // The first tick looks at every engine (the ticks before were not
+    // fast ticks of this fetch); each later one at those still dirty and
+    // those whose step it ends, and the gauges' inputs of the others are
+    // what the tick before read (nothing else changes an engine here).
+    scratch.may_start.clear();
+    scratch.may_start.resize(index.len(), true);
     loop {
         if due::faults(events, &faults) || due::routing(events, &gateway) {
             return Some(0);
@@ -779,6 +785,9 @@ fn fast_ticks(
             handoffs,
             finished,
         );
+        for &(e, _) in &events.step_ends {
+            scratch.may_start[index.position(e).expect("an engine")] = true;
+        }
         if due::handoff(handoffs) {
             return Some(RETIRE);
         }
@@ -807,7 +816,17 @@ fn fast_ticks(
             parked,
             recorder.as_deref_mut(),
             status,
+            true,
             |k, engine, kv| states[k] = EngineState::of(engine, kv),
+        );
+        // (Checked in debug builds: the engines not looked at read as the
+        // buffer says.)
+        debug_assert!(
+            index.all().zip(&gauges.engines).all(|(&e, s)| {
+                let (engine, kv) = engines.get(e).expect("engine");
+                EngineState::of(engine, kv) == *s
+            }),
+            "the gauges' buffer is the engines' state"
         );
         if due::post_reads(parked) || due::bandwidth(&flows) || due::failures(&failed) {
             return Some(POST_READS);
