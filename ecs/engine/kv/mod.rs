@@ -59,6 +59,13 @@ impl Block {
     fn in_queue(&self) -> bool {
         self.ref_cnt == 0
     }
+    /// Drops one reference on this block (`id`); whether it is now free.
+    #[inline(always)]
+    fn release(&mut self, id: BlockId) -> bool {
+        debug_assert!(self.ref_cnt > 0, "double free of block {id}");
+        self.ref_cnt -= 1;
+        self.ref_cnt == 0
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<Block>() == 20);
@@ -535,25 +542,17 @@ impl BlockPool {
         if tail == NONE {
             // An empty queue: the first block to reach zero is its head
             // (so the loop below never tests for an empty queue).
-            for &id in rest.by_ref() {
+            if let Some(&id) = rest.by_ref().find(|&&id| blocks[id as usize].release(id)) {
                 let block = &mut blocks[id as usize];
-                debug_assert!(block.ref_cnt > 0, "double free of block {id}");
-                block.ref_cnt -= 1;
-                if block.ref_cnt == 0 {
-                    cached += block.has_key() as u32;
-                    block.prev = NONE;
-                    self.queue.head = id;
-                    tail = id;
-                    freed += 1;
-                    break;
-                }
+                cached += block.has_key() as u32;
+                block.prev = NONE;
+                self.queue.head = id;
+                (tail, freed) = (id, 1);
             }
         }
         for &id in rest {
             let block = &mut blocks[id as usize];
-            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
-            block.ref_cnt -= 1;
-            if block.ref_cnt == 0 {
+            if block.release(id) {
                 cached += block.has_key() as u32;
                 block.prev = tail;
                 blocks[tail as usize].next = id;
@@ -578,9 +577,7 @@ impl BlockPool {
         let mut unhashed = false;
         for &id in table.iter().rev() {
             let block = &mut self.blocks[id as usize];
-            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
-            block.ref_cnt -= 1;
-            if block.ref_cnt == 0 {
+            if block.release(id) {
                 if block.has_key() {
                     self.queue.num_free_cached += 1;
                     self.push_back(id);
@@ -643,6 +640,29 @@ mod tests {
         assert_eq!(pool.free_queue(), vec![3, 2, 1, 0]);
         assert!(!pool.allocate(5, &mut Vec::new()), "only 4 blocks exist");
         assert_eq!(pool.num_free(), 4);
+    }
+
+    #[test]
+    fn freeing_into_an_empty_queue_starts_it_at_the_first_block_to_reach_zero() {
+        // 3 blocks, all held (the queue is empty); block 2 is held twice.
+        // Freeing [0, 1, 2] tail first: 2 stays held, 1 is the new head,
+        // then 0 joins behind it. Then 2's last holder frees it: 1, 0, 2.
+        let mut pool = BlockPool::new(3, 16);
+        let mut t = Vec::new();
+        pool.allocate(3, &mut t);
+        pool.cache_block(t[2], key(5, 0));
+        let mut other = Vec::new();
+        pool.touch_prefix(&BlockPath::stream(5), 1, &mut other);
+        assert_eq!((pool.num_free(), pool.ref_count(2)), (0, 2));
+        pool.free(&t);
+        assert_eq!(pool.free_queue(), vec![1, 0]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (2, 0));
+        pool.free(&other);
+        assert_eq!(pool.free_queue(), vec![1, 0, 2]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 1));
+        // Nothing held: freeing an empty table changes nothing.
+        pool.free(&[]);
+        assert_eq!(pool.free_queue(), vec![1, 0, 2]);
     }
 
     #[test]
