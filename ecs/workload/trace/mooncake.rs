@@ -41,25 +41,25 @@ fn fast_parse(raw: &[u8]) -> Option<Line> {
     c.eat(b'{')?;
     loop {
         c.ws();
-        let key = c.string()?;
+        let key = c.string_bytes()?;
         c.ws();
         c.eat(b':')?;
         c.ws();
         // A repeated key is left to serde_json (which refuses it).
         match key {
-            "timestamp" if timestamp.is_none() => timestamp = Some(c.decimal()?),
-            "delay" if delay.is_none() => delay = Some(c.decimal()?),
-            "input_length" if input_length.is_none() => {
+            b"timestamp" if timestamp.is_none() => timestamp = Some(c.decimal()?),
+            b"delay" if delay.is_none() => delay = Some(c.decimal()?),
+            b"input_length" if input_length.is_none() => {
                 input_length = Some(u32::try_from(c.whole()?).ok()?)
             }
-            "output_length" if output_length.is_none() => {
+            b"output_length" if output_length.is_none() => {
                 output_length = Some(u32::try_from(c.whole()?).ok()?)
             }
-            "session_id" if !session_seen => {
+            b"session_id" if !session_seen => {
                 session_seen = true;
                 session_id = c.session()?;
             }
-            "hash_ids" if hash_ids.is_none() => hash_ids = Some(c.ids()?),
+            b"hash_ids" if hash_ids.is_none() => hash_ids = Some(c.ids()?),
             _ => return None,
         }
         c.ws();
@@ -107,6 +107,12 @@ impl<'a> Cursor<'a> {
     }
     /// A string without escapes or control characters.
     fn string(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.string_bytes()?).ok()
+    }
+    /// [`Self::string`]'s bytes, not checked as UTF-8 (a key is compared
+    /// with the names of the fields, which are ASCII; anything else is
+    /// refused, so the check would only cost).
+    fn string_bytes(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         let start = self.i;
         loop {
@@ -117,9 +123,8 @@ impl<'a> Cursor<'a> {
                 _ => self.i += 1,
             }
         }
-        let text = std::str::from_utf8(&self.b[start..self.i]).ok()?;
         self.i += 1;
-        Some(text)
+        Some(&self.b[start..self.i - 1])
     }
     /// A whole number of at most 19 digits (so it fits a u64; longer ones
     /// are left to serde_json), without a leading zero, and not the start
@@ -185,8 +190,9 @@ impl<'a> Cursor<'a> {
     /// number of up to seven digits and the comma or bracket after it are
     /// read from one 8-byte word, in locals; anything else goes through
     /// `short_whole`, `whole` and `ws` as before. A trace's ids mostly count
-    /// up by one: the next id's digits are guessed from the last one's, and
-    /// a word that holds them (and its comma) is the id without a parse.
+    /// up by one: the next id's digits are guessed from the last one's
+    /// ([`Guess`]), and a word that holds them (and its comma) is the id
+    /// without a parse.
     fn ids(&mut self) -> Option<Vec<u64>> {
         self.eat(b'[')?;
         self.ws();
@@ -197,27 +203,28 @@ impl<'a> Cursor<'a> {
         // eight, with their commas): one allocation instead of a doubling
         // series.
         let mut ids = Vec::with_capacity((self.b.len() - self.i) / 4 + 1);
-        let b = self.b;
-        // The guess: the digits of the last id plus one, `n` of them, in
-        // `next` (first digit lowest; n = 0: no guess).
-        let (mut next, mut n, mut last) = (0u64, 0usize, 0u64);
+        let (b, mut i) = (self.b, self.i);
+        // The next eight bytes, as a word (first byte lowest).
+        let word_at = |i: usize| {
+            b.get(i..)?
+                .first_chunk::<8>()
+                .map(|w| u64::from_le_bytes(*w))
+        };
+        let mut g = Guess::NONE;
         loop {
-            if let Some(word) = b.get(self.i..self.i + 8) {
-                let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
-                if n > 0 {
-                    let sep = w >> (8 * n) & 0xFF;
-                    let digits = w & ((1u64 << (8 * n)) - 1);
-                    if digits == next && (sep == u64::from(b',') || sep == u64::from(b']')) {
-                        last += 1;
-                        ids.push(last);
-                        self.i += n + 1;
-                        if sep == u64::from(b']') {
-                            return Some(ids);
-                        }
-                        (next, n) = guess_after(next, n);
-                        continue;
-                    }
+            if g.left > 0 {
+                // The ids guessed right, counted first, then added as one
+                // range. The list's last id, before its bracket, is parsed
+                // below.
+                let (first, at) = (g.id, g.read(b, i));
+                if at > i {
+                    ids.extend(first..g.id);
+                    i = at;
+                    continue;
                 }
+                // (The next id is not the guess: it is parsed below.)
+            }
+            if let Some(w) = word_at(i) {
                 let (k, v) = digits_in(w);
                 // (`& 7`: eight digits leave no byte after them in the word;
                 // k = 8 is refused below.)
@@ -228,16 +235,17 @@ impl<'a> Cursor<'a> {
                     && (after == b',' || after == b']')
                 {
                     ids.push(v);
-                    self.i += k + 1;
+                    i += k + 1;
                     if after == b']' {
+                        self.i = i;
                         return Some(ids);
                     }
-                    last = v;
-                    (next, n) = guess_after(w & ((1u64 << (8 * k)) - 1), k);
+                    g = Guess::after(w, k, v + 1);
                     continue;
                 }
             }
-            n = 0;
+            g = Guess::NONE;
+            self.i = i;
             self.ws();
             let id = match self.short_whole() {
                 Some(v) => v,
@@ -249,6 +257,7 @@ impl<'a> Cursor<'a> {
                 self.eat(b']')?;
                 return Some(ids);
             }
+            i = self.i;
         }
     }
 
@@ -272,16 +281,107 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// The guess for the id after one whose `n` digits are `digits` (first
-/// digit lowest): its last digit one up, or no guess (n = 0) when that
-/// digit is a 9 (a carry: the next id is parsed, and guessed after).
-fn guess_after(digits: u64, n: usize) -> (u64, usize) {
-    let unit = 1u64 << (8 * (n - 1));
-    if digits >> (8 * (n - 1)) == u64::from(b'9') {
-        (0, 0)
-    } else {
-        (digits + unit, n)
+/// The next id of a list that counts up by one, as the bytes it would be
+/// written in: its digits and the comma after them (first byte lowest), so
+/// one mask and one compare of the next eight bytes read it.
+#[derive(Clone, Copy)]
+struct Guess {
+    /// The id, and how many ids from it on the guess holds for: up to the
+    /// next carry out of the last digit (after 120 come 121 to 129), where
+    /// the next guess is worked out from the last id's digits.
+    id: u64,
+    left: u32,
+    /// Its digits and comma, the bytes they take, and the last digit's step.
+    want: u64,
+    mask: u64,
+    len: usize,
+    step: u64,
+}
+
+impl Guess {
+    const NONE: Guess = Guess {
+        id: 0,
+        left: 0,
+        want: 0,
+        mask: 0,
+        len: 0,
+        step: 0,
+    };
+
+    /// The guess for `id`, the id after one written as the first `n` (1 to
+    /// 7) bytes of `w`; none when `id` takes a digit more (after 999).
+    fn after(w: u64, n: usize, id: u64) -> Guess {
+        let Some(digits) = increment(w & (u64::MAX >> (8 * (8 - n))), n) else {
+            return Guess::NONE;
+        };
+        let last = 8 * (n - 1);
+        Guess {
+            id,
+            left: u32::from(b'9' - (digits >> last) as u8) + 1,
+            want: digits | u64::from(b',') << (8 * n),
+            mask: u64::MAX >> (8 * (7 - n)),
+            len: n + 1,
+            step: 1u64 << last,
+        }
     }
+
+    /// Reads the ids from `at` on in `b` that are guessed right (each with
+    /// its comma), across carries; returns where they end, the guess left
+    /// at the id after them. (Not inlined: in a function of its own the
+    /// scan keeps its state in registers.)
+    #[inline(never)]
+    fn read(&mut self, b: &[u8], mut at: usize) -> usize {
+        let word_at = |i: usize| {
+            b.get(i..)?
+                .first_chunk::<8>()
+                .map(|w| u64::from_le_bytes(*w))
+        };
+        let (n, digits_mask) = (self.len - 1, self.mask >> 8);
+        let comma = self.want & !digits_mask;
+        let (mut id, mut left, mut want) = (self.id, self.left, self.want);
+        loop {
+            let mut count = 0u32;
+            while count < left && word_at(at).is_some_and(|w| w & self.mask == want) {
+                (count, at, want) = (count + 1, at + self.len, want + self.step);
+            }
+            id += u64::from(count);
+            if count < left {
+                (self.id, self.left, self.want) = (id, left - count, want);
+                return at;
+            }
+            // Up to a carry out of the last digit: the next id's digits are
+            // those of the last one read (`want`'s one step back) plus one,
+            // and its last digit is a 0.
+            match increment((want - self.step) & digits_mask, n) {
+                Some(digits) => (want, left) = (digits | comma, 10),
+                None => {
+                    // (After 999: the id after is parsed.)
+                    *self = Guess { id, ..Guess::NONE };
+                    return at;
+                }
+            }
+        }
+    }
+}
+
+/// The number after the one written in the `n` (1 to 7) ASCII digits of
+/// `digits` (first digit lowest), written in `n` digits; None when it
+/// needs one more (all nines). SIMD within a register: the digits are
+/// reversed so that the last is lowest, and each has 0xF6 added, so a 9
+/// that receives the carry (and only it) carries on out of its byte.
+fn increment(digits: u64, n: usize) -> Option<u64> {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let shift = 8 * (8 - n);
+    // The digits' values, last digit in the lowest byte.
+    let r = ((digits ^ ZEROS) << shift).swap_bytes();
+    let t = r + (0xF6F6_F6F6_F6F6_F6F6 >> shift) + 1;
+    if t >> (8 * n) != 0 {
+        return None;
+    }
+    // A byte that carried out is 0 (the digit 0); the others are their
+    // digit plus 0xF6 (high bit set).
+    let v = t - ((t & 0x8080_8080_8080_8080) >> 7) * 0xF6;
+    Some(((v.swap_bytes() >> shift) ^ ZEROS) & (u64::MAX >> shift))
 }
 
 /// The leading digits of the eight bytes of `w` (first byte lowest): how
@@ -492,6 +592,9 @@ mod tests {
             ("[998,999,1000,1001]", vec![998, 999, 1000, 1001]),
             ("[14,150,151,16]", vec![14, 150, 151, 16]),
             ("[7,3,4,5]", vec![7, 3, 4, 5]),
+            // A guessed run that ends the list, and one up to its carry.
+            ("[120,121,122]", vec![120, 121, 122]),
+            ("[0,1,2,3,4,5,6,7,8,9,10]", (0..=10).collect()),
             ("[1, 2,3 ,4,5]", vec![1, 2, 3, 4, 5]),
             (
                 "[9999999,10000000,10000001,5]",
@@ -523,6 +626,27 @@ mod tests {
             let sep = if draw(5) == 0 { ", " } else { "," };
             let text: Vec<String> = ids.iter().map(u64::to_string).collect();
             assert_eq!(ids_of(&format!("[{}]", text.join(sep))), Some(ids));
+        }
+    }
+
+    #[test]
+    fn increment_counts_up_in_ascii_digits() {
+        // Every number of one to four digits, and seven-digit ones around
+        // carries; the number after it, or None where it needs a digit more.
+        let digits = |v: u64, n: usize| {
+            let text = format!("{v:0n$}");
+            let mut w = [0u8; 8];
+            w[..n].copy_from_slice(text.as_bytes());
+            u64::from_le_bytes(w)
+        };
+        let many = (1..=4).flat_map(|n| (0..10u64.pow(n as u32)).map(move |v| (v, n)));
+        let carries = [
+            999_999u64, 1_000_000, 1_234_569, 1_239_999, 9_999_998, 9_999_999,
+        ]
+        .map(|v| (v, 7));
+        for (v, n) in many.chain(carries) {
+            let next = (v + 1 < 10u64.pow(n as u32)).then(|| digits(v + 1, n));
+            assert_eq!(increment(digits(v, n), n), next, "{v} in {n} digits");
         }
     }
 
