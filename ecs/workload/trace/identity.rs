@@ -103,11 +103,7 @@ impl PathBuilder {
                     let rest = &hash_ids[j..full];
                     // Along the stream, a slice at a time: the ids that
                     // follow it are known blocks.
-                    let along = ids[p as usize + 1..]
-                        .iter()
-                        .zip(rest)
-                        .take_while(|(a, b)| a == b)
-                        .count();
+                    let along = common_prefix(&ids[p as usize + 1..], rest);
                     if along > 0 {
                         seen += along as u32 * b;
                         j += along;
@@ -150,10 +146,46 @@ impl PathBuilder {
     }
 }
 
+/// How many leading ids `a` and `b` have in common. Compared sixteen at a
+/// time first (slice equality, which the compiler vectorises), then one by
+/// one in the sixteen where they part: a chain followed along a stream
+/// matches hundreds of ids.
+fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    const CHUNK: usize = 16;
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut k = 0;
+    while k + CHUNK <= n && a[k..k + CHUNK] == b[k..k + CHUNK] {
+        k += CHUNK;
+    }
+    k + a[k..]
+        .iter()
+        .zip(&b[k..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::{RngExt, SeedableRng};
+
+    #[test]
+    fn the_common_prefix_is_counted_across_chunks() {
+        let a: Vec<u64> = (0..40).collect();
+        for (b, want) in [
+            (a.clone(), 40),
+            (a[..17].to_vec(), 17),
+            ((0..16).chain([99]).collect(), 16),
+            ((0..15).chain([99]).collect(), 15),
+            ((0..33).chain([99, 34]).collect(), 33),
+            (vec![7], 0),
+            (vec![], 0),
+        ] {
+            assert_eq!(common_prefix(&a, &b), want, "{b:?}");
+            assert_eq!(common_prefix(&b, &a), want, "{b:?}");
+        }
+    }
 
     /// The chains followed block by block (the builder before it followed
     /// a stream a slice at a time): the reference the builder must match.
