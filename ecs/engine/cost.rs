@@ -57,7 +57,10 @@ impl StepTime {
 /// `tokens` scheduled tokens whose requests hold `kv_tokens` of KV.
 #[inline]
 pub fn linear(c: &LinearCost, tokens: u64, kv_tokens: u64) -> f64 {
-    c.c0 + (c.omega + c.beta * kv_tokens as f64).max(tokens as f64 * c.a)
+    let (memory, compute) = (c.omega + c.beta * kv_tokens as f64, tokens as f64 * c.a);
+    // The larger, by one compare: `f64::max` also handles NaN, which a
+    // validated cost never is (the same value; one instruction, not four).
+    c.c0 + if memory > compute { memory } else { compute }
 }
 
 impl Engine {
