@@ -134,15 +134,25 @@ impl Histogram {
         }
         // The sums in locals, added value by value in order (as record_n
         // would: floating-point sums depend on it); the extremes and the
-        // count, which do not, once at the end.
+        // count, which do not, once at the end. A stretch of values in one
+        // bucket is told by the bucket's edges (two compares, no index) and
+        // counted once; bucket counts are whole numbers, so the order they
+        // are added in does not matter.
         let w = n as f64;
         let (mut sum, mut sum_sq) = (self.sum, self.sum_sq);
-        let (mut lo, mut hi, mut seen) = (f64::INFINITY, f64::NEG_INFINITY, 0u64);
+        let (mut lo, mut hi, mut skipped) = (f64::INFINITY, f64::NEG_INFINITY, 0u64);
+        // The current bucket, its edges (none yet: no value is in it), and
+        // how many values it has waiting.
         let (mut bucket, mut pending) = (0i64, 0u64);
+        let (mut from, mut below) = (f64::INFINITY, f64::NEG_INFINITY);
         for &v in values {
-            debug_assert!(v.is_finite(), "histogram value {v}");
-            if !v.is_finite() {
-                continue;
+            // (A positive normal finite value; the others below.)
+            if !(f64::MIN_POSITIVE..f64::INFINITY).contains(&v) {
+                debug_assert!(v.is_finite(), "histogram value {v}");
+                if !v.is_finite() {
+                    skipped += 1;
+                    continue;
+                }
             }
             sum += v * w;
             sum_sq += v * v * w;
@@ -153,22 +163,30 @@ impl Histogram {
             if v > hi {
                 hi = v;
             }
-            seen += 1;
+            if v >= from && v < below {
+                pending += n;
+                continue;
+            }
             if v <= 0.0 {
                 self.zeros += n;
                 continue;
             }
             let i = index(v);
-            if pending > 0 && i != bucket {
-                self.add_to_bucket(bucket, pending);
-                pending = 0;
+            if v < f64::MIN_POSITIVE {
+                // Subnormal: its bucket has no upper edge of its own.
+                self.add_to_bucket(i, n);
+                continue;
             }
-            bucket = i;
-            pending += n;
+            if pending > 0 {
+                self.add_to_bucket(bucket, pending);
+            }
+            (bucket, pending) = (i, n);
+            (from, below) = (lower(i), lower(i + 1));
         }
         if pending > 0 {
             self.add_to_bucket(bucket, pending);
         }
+        let seen = values.len() as u64 - skipped;
         if seen == 0 {
             return;
         }
