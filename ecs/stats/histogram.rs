@@ -366,6 +366,15 @@ mod tests {
         }
         at_once.record_each_n(&values[3..], 2);
         assert_eq!(at_once, one_by_one);
+        // Subnormals (their own bucket, off the main path) and a zero.
+        let tiny = [1e-310, 2e-310, 0.0, 1e-310];
+        let (mut one_by_one, mut at_once) = (Histogram::new(), Histogram::new());
+        for &v in &tiny {
+            one_by_one.record_n(v, 2);
+        }
+        at_once.record_each_n(&tiny, 2);
+        assert_eq!(at_once, one_by_one);
+        assert_eq!(at_once.zeros(), 2);
     }
 
     #[test]
