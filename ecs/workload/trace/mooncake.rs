@@ -204,12 +204,6 @@ impl<'a> Cursor<'a> {
         // series.
         let mut ids = Vec::with_capacity((self.b.len() - self.i) / 4 + 1);
         let (b, mut i) = (self.b, self.i);
-        // The next eight bytes, as a word (first byte lowest).
-        let word_at = |i: usize| {
-            b.get(i..)?
-                .first_chunk::<8>()
-                .map(|w| u64::from_le_bytes(*w))
-        };
         let mut g = Guess::NONE;
         loop {
             if g.left > 0 {
@@ -224,7 +218,7 @@ impl<'a> Cursor<'a> {
                 }
                 // (The next id is not the guess: it is parsed below.)
             }
-            if let Some(w) = word_at(i) {
+            if let Some(w) = word_at(b, i) {
                 let (k, v) = digits_in(w);
                 // (`& 7`: eight digits leave no byte after them in the word;
                 // k = 8 is refused below.)
@@ -266,8 +260,7 @@ impl<'a> Cursor<'a> {
     /// nothing, for anything else (fewer than eight bytes left, eight
     /// digits or more), which `whole` then reads or refuses.
     fn short_whole(&mut self) -> Option<u64> {
-        let word: [u8; 8] = self.b.get(self.i..self.i + 8)?.try_into().ok()?;
-        let w = u64::from_le_bytes(word);
+        let w = word_at(self.b, self.i)?;
         let (n, v) = digits_in(w);
         if !(1..8).contains(&n) {
             return None;
@@ -331,17 +324,12 @@ impl Guess {
     /// scan keeps its state in registers.)
     #[inline(never)]
     fn read(&mut self, b: &[u8], mut at: usize) -> usize {
-        let word_at = |i: usize| {
-            b.get(i..)?
-                .first_chunk::<8>()
-                .map(|w| u64::from_le_bytes(*w))
-        };
         let (n, digits_mask) = (self.len - 1, self.mask >> 8);
         let comma = self.want & !digits_mask;
         let (mut id, mut left, mut want) = (self.id, self.left, self.want);
         loop {
             let mut count = 0u32;
-            while count < left && word_at(at).is_some_and(|w| w & self.mask == want) {
+            while count < left && word_at(b, at).is_some_and(|w| w & self.mask == want) {
                 (count, at, want) = (count + 1, at + self.len, want + self.step);
             }
             id += u64::from(count);
@@ -382,6 +370,14 @@ fn increment(digits: u64, n: usize) -> Option<u64> {
     // digit plus 0xF6 (high bit set).
     let v = t - ((t & 0x8080_8080_8080_8080) >> 7) * 0xF6;
     Some(((v.swap_bytes() >> shift) ^ ZEROS) & (u64::MAX >> shift))
+}
+
+/// The eight bytes of `b` from `i` on as one word, the first byte lowest
+/// (None when fewer are left).
+fn word_at(b: &[u8], i: usize) -> Option<u64> {
+    b.get(i..)?
+        .first_chunk::<8>()
+        .map(|w| u64::from_le_bytes(*w))
 }
 
 /// The leading digits of the eight bytes of `w` (first byte lowest): how
