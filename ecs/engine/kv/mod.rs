@@ -406,8 +406,13 @@ impl BlockPool {
             // the prefix ends at the first gap at or after where it ended).
             let (lo, hi) = (from.max(run.first) - run.first, end - run.first);
             self.size_index(slot, hi);
-            for k in lo..hi {
-                self.cache_in_sized_slot(table[(run.first + k) as usize], slot, k);
+            let ids = &table[(run.first + lo) as usize..(run.first + hi) as usize];
+            if self.vllm {
+                for (&id, k) in ids.iter().zip(lo..) {
+                    self.cache_in_sized_slot(id, slot, k);
+                }
+            } else {
+                self.cache_run(ids, slot, lo);
             }
             // Every index in lo..hi now names a block: a prefix that
             // reached lo runs on to hi at least, without looking at them.
@@ -479,6 +484,41 @@ impl BlockPool {
         let b = &mut self.blocks[id as usize];
         b.key_slot = slot;
         b.key_index = index;
+    }
+
+    /// [`Self::cache_in_sized_slot`] for blocks `ids` as indices `lo..` of
+    /// the stream in `slot` (its index long enough), with the reference
+    /// semantics (no duplicates): the stream's index entries walked along
+    /// the blocks, its count added once. The same result block by block;
+    /// about a third of the instructions, the slot and the flag not looked
+    /// up again for every block.
+    fn cache_run(&mut self, ids: &[BlockId], slot: u32, lo: u32) {
+        debug_assert!(!self.vllm);
+        let (blocks, queue) = (&mut self.blocks, &mut self.queue);
+        let s = &mut self.slots[slot as usize];
+        let at = &mut s.at[lo as usize..lo as usize + ids.len()];
+        let mut added = 0u32;
+        for ((&id, entry), index) in ids.iter().zip(at).zip(lo..) {
+            let b = &mut blocks[id as usize];
+            if b.key_index == index && b.key_slot == slot {
+                continue;
+            }
+            debug_assert!(!b.has_key(), "block {id} already cached");
+            (b.key_slot, b.key_index) = (slot, index);
+            // A newer block with this content replaces the older one in
+            // the index; the older one loses its identity.
+            let old = std::mem::replace(entry, id);
+            if old == NONE {
+                added += 1;
+            } else {
+                let b = &mut blocks[old as usize];
+                b.key_index = NONE;
+                if b.in_queue() {
+                    queue.num_free_cached -= 1;
+                }
+            }
+        }
+        s.count += added;
     }
 
     /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
