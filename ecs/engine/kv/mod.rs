@@ -306,7 +306,18 @@ impl BlockPool {
             let slot = self.slot_of[&run.stream] as usize;
             let (queue, blocks) = (&mut self.queue, &mut self.blocks);
             let ids = &self.slots[slot].at[..run.count as usize];
-            for &id in ids {
+            let mut rest = ids;
+            while let Some((&id, after)) = rest.split_first() {
+                if id == s.front_prev {
+                    // Just before the stretch's front: it grows, by this
+                    // block and those after it that follow it in the queue.
+                    let (grown, front_prev) = grow_stretch(blocks, rest, id);
+                    taken += grown as u32;
+                    s.front_prev = front_prev;
+                    rest = &rest[grown..];
+                    continue;
+                }
+                rest = after;
                 let b = &mut blocks[id as usize];
                 b.ref_cnt += 1;
                 if b.ref_cnt > 1 {
@@ -314,11 +325,6 @@ impl BlockPool {
                 }
                 debug_assert!(b.has_key(), "block {id} is in the index");
                 taken += 1;
-                if s.front_prev == id {
-                    // Just before the stretch's front: it grows.
-                    s.front_prev = b.prev;
-                    continue;
-                }
                 // A new stretch. The one before is cut first: this block
                 // may be one of its ends' neighbours.
                 if s.front_prev != NOT_A_BLOCK {
@@ -637,6 +643,27 @@ impl BlockPool {
             }
         }
     }
+}
+
+/// Takes a reference on the leading blocks of `ids` that each sit just
+/// before the one before it in the free queue, from `ids[0]`, the block
+/// before a stretch's front (so free: a block in the queue has none). Returns
+/// how many, and the block before the grown stretch's front. Apart from
+/// `touch_prefix`, whose state would not stay in registers: a cached prefix
+/// is usually one stretch, so this is most of its blocks.
+#[inline(never)]
+fn grow_stretch(blocks: &mut [Block], ids: &[BlockId], first: BlockId) -> (usize, BlockId) {
+    let mut front_prev = first;
+    for (i, &id) in ids.iter().enumerate() {
+        if id != front_prev {
+            return (i, front_prev);
+        }
+        let b = &mut blocks[id as usize];
+        debug_assert!(b.in_queue() && b.has_key(), "block {id} is free cached");
+        b.ref_cnt = 1;
+        front_prev = b.prev;
+    }
+    (ids.len(), front_prev)
 }
 
 /// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
