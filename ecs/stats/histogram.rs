@@ -146,27 +146,27 @@ impl Histogram {
         let (mut bucket, mut pending) = (0i64, 0u64);
         let (mut from, mut below) = (f64::INFINITY, f64::NEG_INFINITY);
         for &v in values {
-            // (A positive normal finite value; the others below.)
-            if !(f64::MIN_POSITIVE..f64::INFINITY).contains(&v) {
-                debug_assert!(v.is_finite(), "histogram value {v}");
-                if !v.is_finite() {
-                    skipped += 1;
-                    continue;
-                }
+            if v >= from && v < below {
+                // In the current bucket, so positive, normal and finite (as
+                // its edges are): the common case, told first.
+                sum += v * w;
+                sum_sq += v * v * w;
+                lo = if v < lo { v } else { lo };
+                hi = if v > hi { v } else { hi };
+                pending += n;
+                continue;
+            }
+            // Another bucket's value, zero, subnormal or not finite.
+            debug_assert!(v.is_finite(), "histogram value {v}");
+            if !v.is_finite() {
+                skipped += 1;
+                continue;
             }
             sum += v * w;
             sum_sq += v * v * w;
             // (Finite values: a compare is min and max.)
-            if v < lo {
-                lo = v;
-            }
-            if v > hi {
-                hi = v;
-            }
-            if v >= from && v < below {
-                pending += n;
-                continue;
-            }
+            lo = if v < lo { v } else { lo };
+            hi = if v > hi { v } else { hi };
             if v <= 0.0 {
                 self.zeros += n;
                 continue;
