@@ -57,7 +57,13 @@ impl StepTime {
 /// `tokens` scheduled tokens whose requests hold `kv_tokens` of KV.
 #[inline]
 pub fn linear(c: &LinearCost, tokens: u64, kv_tokens: u64) -> f64 {
-    let (memory, compute) = (c.omega + c.beta * kv_tokens as f64, tokens as f64 * c.a);
+    linear_of(c, tokens as f64 * c.a, kv_tokens as f64)
+}
+
+/// [`linear`] given its compute term `tokens × a` and the KV as a float.
+#[inline(always)]
+pub(crate) fn linear_of(c: &LinearCost, compute: f64, kv_tokens: f64) -> f64 {
+    let memory = c.omega + c.beta * kv_tokens;
     // The larger, by one compare: `f64::max` also handles NaN, which a
     // validated cost never is (the same value; one instruction, not four).
     c.c0 + if memory > compute { memory } else { compute }

@@ -13,7 +13,7 @@
 //! have been.
 
 use crate::engine::Engine;
-use crate::engine::cost::{StepTime, linear};
+use crate::engine::cost::{StepTime, linear_of};
 use crate::engine::kv::BlockPool;
 use crate::engine::request::{Request, RequestStore};
 
@@ -51,8 +51,15 @@ impl Engine {
         match &self.cost {
             StepTime::Linear(c) => {
                 let (tokens, kv) = (self.step.len() as u64, self.step_kv);
-                ends.extend((0..n).map(|j| {
-                    t += linear(c, tokens, kv + j * tokens);
+                // The KV in floating point, a step's tokens added each
+                // step: exact (and so `(kv + j × tokens) as f64`) while it
+                // is a whole number below 2^53: a run's KV is held in one
+                // pool, and validation keeps a pool below 2^32 tokens.
+                debug_assert!(kv + n * tokens < 1 << 53);
+                let (compute, step, mut kv) = (tokens as f64 * c.a, tokens as f64, kv as f64);
+                ends.extend((0..n).map(|_| {
+                    t += linear_of(c, compute, kv);
+                    kv += step;
                     t
                 }));
             }
