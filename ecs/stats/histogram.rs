@@ -222,7 +222,19 @@ impl Histogram {
         }
     }
 
+    /// `n` more values in bucket `i`: most land in a bucket the histogram
+    /// has, which is inlined; the others widen it out of line.
+    #[inline(always)]
     fn add_to_bucket(&mut self, i: i64, n: u64) {
+        // (Below `first` the wrapped difference is past the end too.)
+        match self.counts.get_mut(i.wrapping_sub(self.first) as usize) {
+            Some(count) => *count += n,
+            None => self.widen_to(i, n),
+        }
+    }
+
+    #[inline(never)]
+    fn widen_to(&mut self, i: i64, n: u64) {
         if self.counts.is_empty() {
             self.first = i;
             self.counts.push(0);
