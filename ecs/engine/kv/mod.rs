@@ -655,10 +655,13 @@ impl BlockPool {
 fn grow_stretch(blocks: &mut [Block], ids: &[BlockId], first: BlockId) -> (usize, BlockId) {
     let mut front_prev = first;
     for (i, &id) in ids.iter().enumerate() {
+        // The block is found by its id in `ids`, and only then compared:
+        // found by `front_prev` (the same number when it grows), each look-up
+        // would wait for the one before, a cache miss each.
+        let b = &mut blocks[id as usize];
         if id != front_prev {
             return (i, front_prev);
         }
-        let b = &mut blocks[id as usize];
         debug_assert!(b.in_queue() && b.has_key(), "block {id} is free cached");
         b.ref_cnt = 1;
         front_prev = b.prev;
