@@ -554,6 +554,9 @@ impl BlockPool {
 
     /// Forgets block `index` of the stream in `slot` (its block is being
     /// reused); a stream left with no cached block gives its slot back.
+    /// (The index keeps its length: entries past the last cached block are
+    /// NONE, as a look-up past its end reads, and shortening it would not
+    /// give memory back.)
     // Inlined into allocation, which calls it for each block it evicts.
     #[inline(always)]
     fn uncache(&mut self, slot: u32, index: u32) {
@@ -565,10 +568,6 @@ impl BlockPool {
             self.slot_of.remove(&s.stream);
             *s = StreamBlocks::default();
             self.free_slots.push(slot);
-        } else {
-            while s.at.last() == Some(&NONE) {
-                s.at.pop();
-            }
         }
     }
 
@@ -959,11 +958,6 @@ mod tests {
             assert_eq!(
                 s.leading as usize,
                 s.at.iter().take_while(|&&b| b != NONE).count()
-            );
-            assert_ne!(
-                s.at.last(),
-                Some(&NONE),
-                "the index of a stream ends cached"
             );
             for (i, &id) in s.at.iter().enumerate().filter(|(_, b)| **b != NONE) {
                 let b = &pool.blocks[id as usize];
