@@ -156,7 +156,7 @@ impl Histogram {
                 pending += n;
                 continue;
             }
-            // Another bucket's value, zero, subnormal or not finite.
+            // Another bucket's value, zero or below, subnormal, or not finite.
             debug_assert!(v.is_finite(), "histogram value {v}");
             if !v.is_finite() {
                 skipped += 1;

@@ -644,12 +644,13 @@ impl BlockPool {
     }
 }
 
-/// Takes a reference on the leading blocks of `ids` that each sit just
-/// before the one before it in the free queue, from `ids[0]`, the block
-/// before a stretch's front (so free: a block in the queue has none). Returns
-/// how many, and the block before the grown stretch's front. Apart from
-/// `touch_prefix`, whose state would not stay in registers: a cached prefix
-/// is usually one stretch, so this is most of its blocks.
+/// Takes a reference on the leading blocks of `ids` while each is the block
+/// just before the stretch's front in the free queue, from `ids[0]`, which
+/// is (so each is free: a block in the queue has no references). Returns
+/// how many, and the block before the grown stretch's front. A function of
+/// its own, since inside `touch_prefix` its state would not stay in
+/// registers: a cached prefix is usually one stretch, so this is most of
+/// its blocks.
 #[inline(never)]
 fn grow_stretch(blocks: &mut [Block], ids: &[BlockId], first: BlockId) -> (usize, BlockId) {
     let mut front_prev = first;
