@@ -412,14 +412,11 @@ impl BlockPool {
             // the prefix ends at the first gap at or after where it ended).
             let (lo, hi) = (from.max(run.first) - run.first, end - run.first);
             self.size_index(slot, hi);
-            let ids = &table[(run.first + lo) as usize..(run.first + hi) as usize];
-            if self.vllm {
-                for (&id, k) in ids.iter().zip(lo..) {
-                    self.cache_in_sized_slot(id, slot, k);
-                }
-            } else {
-                self.cache_run(ids, slot, lo);
-            }
+            self.cache_run(
+                &table[(run.first + lo) as usize..(run.first + hi) as usize],
+                slot,
+                lo,
+            );
             // Every index in lo..hi now names a block: a prefix that
             // reached lo runs on to hi at least, without looking at them.
             let s = &mut self.slots[slot as usize];
@@ -432,7 +429,7 @@ impl BlockPool {
 
     fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
         self.size_index(slot, index + 1);
-        self.cache_in_sized_slot(id, slot, index);
+        self.cache_run(&[id], slot, index);
         self.lengthen_prefix(slot);
     }
 
@@ -453,54 +450,13 @@ impl BlockPool {
         }
     }
 
-    /// [`Self::cache_in_slot`] in a stream index already long enough, the
-    /// cached prefix left to the caller to lengthen. Inlined into
-    /// `cache_blocks`, which calls it per block: the call itself cost about
-    /// a fifth of the work.
-    #[inline(always)]
-    fn cache_in_sized_slot(&mut self, id: BlockId, slot: u32, index: u32) {
-        let b = &self.blocks[id as usize];
-        if b.key_index == index && b.key_slot == slot {
-            return;
-        }
-        debug_assert!(!b.has_key(), "block {id} already cached");
-        let s = &mut self.slots[slot as usize];
-        let i = index as usize;
-        if self.vllm && s.at[i] != NONE {
-            // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with the
-            // same hash joins the first; lookups keep finding the oldest
-            // (`get_one_block`), and each keeps its hash until evicted.
-            let key = BlockKey {
-                stream: s.stream,
-                index,
-            };
-            self.dups.entry(key).or_default().push(id);
-        } else {
-            let old = std::mem::replace(&mut s.at[i], id);
-            if old == NONE {
-                s.count += 1;
-            } else {
-                let b = &mut self.blocks[old as usize];
-                b.key_index = NONE;
-                if b.in_queue() {
-                    self.queue.num_free_cached -= 1;
-                }
-            }
-        }
-        let b = &mut self.blocks[id as usize];
-        b.key_slot = slot;
-        b.key_index = index;
-    }
-
-    /// [`Self::cache_in_sized_slot`] for blocks `ids` as indices `lo..` of
-    /// the stream in `slot` (its index long enough), with the reference
-    /// semantics (no duplicates): the stream's index entries walked along
-    /// the blocks, its count added once. The same result block by block;
-    /// about a third of the instructions, the slot and the flag not looked
-    /// up again for every block.
+    /// Registers blocks `ids` as indices `lo..` of the stream in `slot`
+    /// (its index long enough), the cached prefix left to the caller to
+    /// lengthen: the stream's index entries walked along the blocks, the
+    /// slot and the semantics looked up once, its count added once.
     fn cache_run(&mut self, ids: &[BlockId], slot: u32, lo: u32) {
-        debug_assert!(!self.vllm);
-        let (blocks, queue) = (&mut self.blocks, &mut self.queue);
+        let (blocks, queue, dups, vllm) =
+            (&mut self.blocks, &mut self.queue, &mut self.dups, self.vllm);
         let s = &mut self.slots[slot as usize];
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
         let mut added = 0u32;
@@ -511,6 +467,18 @@ impl BlockPool {
             }
             debug_assert!(!b.has_key(), "block {id} already cached");
             (b.key_slot, b.key_index) = (slot, index);
+            if vllm && *entry != NONE {
+                // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with
+                // the same hash joins the first; lookups keep finding the
+                // oldest (`get_one_block`), and each keeps its hash until
+                // evicted.
+                let key = BlockKey {
+                    stream: s.stream,
+                    index,
+                };
+                dups.entry(key).or_default().push(id);
+                continue;
+            }
             // A newer block with this content replaces the older one in
             // the index; the older one loses its identity.
             let old = std::mem::replace(entry, id);
