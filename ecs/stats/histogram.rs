@@ -145,14 +145,23 @@ impl Histogram {
         // how many values it has waiting.
         let (mut bucket, mut pending) = (0i64, 0u64);
         let (mut from, mut below) = (f64::INFINITY, f64::NEG_INFINITY);
+        // A finite value's sums and extremes (a compare is min and max),
+        // taken on each of the two paths below: one path behind a flag
+        // (the bucket tested once) took 0.9 % more instructions for the
+        // whole reference run.
+        macro_rules! moments {
+            ($v:expr) => {
+                sum += $v * w;
+                sum_sq += $v * $v * w;
+                lo = if $v < lo { $v } else { lo };
+                hi = if $v > hi { $v } else { hi };
+            };
+        }
         for &v in values {
             if v >= from && v < below {
                 // In the current bucket, so positive, normal and finite (as
                 // its edges are): the common case, told first.
-                sum += v * w;
-                sum_sq += v * v * w;
-                lo = if v < lo { v } else { lo };
-                hi = if v > hi { v } else { hi };
+                moments!(v);
                 pending += n;
                 continue;
             }
@@ -162,11 +171,7 @@ impl Histogram {
                 skipped += 1;
                 continue;
             }
-            sum += v * w;
-            sum_sq += v * v * w;
-            // (Finite values: a compare is min and max.)
-            lo = if v < lo { v } else { lo };
-            hi = if v > hi { v } else { hi };
+            moments!(v);
             if v <= 0.0 {
                 self.zeros += n;
                 continue;
