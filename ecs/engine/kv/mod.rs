@@ -359,25 +359,12 @@ impl BlockPool {
         // capacity check per block).
         let start = table.len();
         table.resize(start + n as usize, NONE);
-        let mut id = self.queue.head;
-        let mut evicted = 0u32;
-        for entry in &mut table[start..] {
-            let b = &mut self.blocks[id as usize];
-            let next = b.next;
-            b.ref_cnt = 1;
-            if b.has_key() {
-                let (slot, index) = (b.key_slot, b.key_index);
-                b.key_index = NONE;
-                if self.vllm {
-                    self.evict_vllm(id, slot, index);
-                } else {
-                    self.uncache(slot, index);
-                }
-                evicted += 1;
-            }
-            *entry = id;
-            id = next;
-        }
+        let out = &mut table[start..];
+        let (id, evicted) = if self.vllm {
+            self.take_front_vllm(out)
+        } else {
+            self.take_front(out)
+        };
         self.queue.head = id;
         if id == NONE {
             self.queue.tail = NONE;
@@ -387,6 +374,79 @@ impl BlockPool {
         self.queue.num_free -= n;
         self.queue.num_free_cached -= evicted;
         true
+    }
+
+    /// Takes the first `out.len()` blocks of the queue into `out`, each
+    /// with one reference, evicting their identities: returns the block
+    /// after them and how many were cached. Consecutive evictions are
+    /// nearly always of one stream (a request's blocks are freed together),
+    /// so a stream's count and cached prefix are updated once for each run
+    /// of them, as evicting them one by one ([`Self::uncache`]) would leave
+    /// them.
+    fn take_front(&mut self, out: &mut [BlockId]) -> (BlockId, u32) {
+        let BlockPool {
+            blocks,
+            slots,
+            slot_of,
+            free_slots,
+            queue,
+            ..
+        } = self;
+        let mut id = queue.head;
+        let mut evicted = 0u32;
+        // The run of evictions in progress: its slot (NONE: none yet), how
+        // many, the least index, and the slot's entries (kept borrowed: the
+        // compiler would load them again for each block).
+        let (mut slot, mut count, mut least) = (NONE, 0u32, NONE);
+        let mut at: &mut [BlockId] = &mut [];
+        for entry in out {
+            let b = &mut blocks[id as usize];
+            let next = b.next;
+            b.ref_cnt = 1;
+            if b.has_key() {
+                let (this, index) = (b.key_slot, b.key_index);
+                b.key_index = NONE;
+                if this != slot {
+                    if count > 0 {
+                        uncache_run(slots, slot_of, free_slots, slot, count, least);
+                        evicted += count;
+                    }
+                    (slot, count, least) = (this, 0, NONE);
+                    at = &mut slots[slot as usize].at;
+                }
+                at[index as usize] = NONE;
+                count += 1;
+                least = least.min(index);
+            }
+            *entry = id;
+            id = next;
+        }
+        if count > 0 {
+            uncache_run(slots, slot_of, free_slots, slot, count, least);
+            evicted += count;
+        }
+        (id, evicted)
+    }
+
+    /// [`Self::take_front`] with vLLM 0.33's evictions (an identity may have
+    /// further holders).
+    fn take_front_vllm(&mut self, out: &mut [BlockId]) -> (BlockId, u32) {
+        let mut id = self.queue.head;
+        let mut evicted = 0u32;
+        for entry in out {
+            let b = &mut self.blocks[id as usize];
+            let next = b.next;
+            b.ref_cnt = 1;
+            if b.has_key() {
+                let (slot, index) = (b.key_slot, b.key_index);
+                b.key_index = NONE;
+                self.evict_vllm(id, slot, index);
+                evicted += 1;
+            }
+            *entry = id;
+            id = next;
+        }
+        (id, evicted)
     }
 
     /// Registers block `id` (full and computed) under `key`. A newer block
@@ -525,18 +585,16 @@ impl BlockPool {
     /// (The index keeps its length: entries past the last cached block are
     /// NONE, as a look-up past its end reads, and shortening it would not
     /// give memory back.)
-    // Inlined into allocation, which calls it for each block it evicts.
-    #[inline(always)]
     fn uncache(&mut self, slot: u32, index: u32) {
-        let s = &mut self.slots[slot as usize];
-        s.at[index as usize] = NONE;
-        s.count -= 1;
-        s.leading = s.leading.min(index);
-        if s.count == 0 {
-            self.slot_of.remove(&s.stream);
-            *s = StreamBlocks::default();
-            self.free_slots.push(slot);
-        }
+        self.slots[slot as usize].at[index as usize] = NONE;
+        uncache_run(
+            &mut self.slots,
+            &mut self.slot_of,
+            &mut self.free_slots,
+            slot,
+            1,
+            index,
+        );
     }
 
     /// Drops one reference on each block of `table`, tail first; blocks that
@@ -609,6 +667,29 @@ impl BlockPool {
                 }
             }
         }
+    }
+}
+
+/// The stream in `slot` lost `count` cached blocks, the least at `least`,
+/// whose entries are already NONE: its count and cached prefix follow, and
+/// a stream left with no cached block gives its slot back. (A function of
+/// the index's parts: allocation keeps the stream's entries borrowed.)
+#[inline(always)]
+fn uncache_run(
+    slots: &mut [StreamBlocks],
+    slot_of: &mut SlotMap,
+    free_slots: &mut Vec<u32>,
+    slot: u32,
+    count: u32,
+    least: u32,
+) {
+    let s = &mut slots[slot as usize];
+    s.count -= count;
+    s.leading = s.leading.min(least);
+    if s.count == 0 {
+        slot_of.remove(&s.stream);
+        *s = StreamBlocks::default();
+        free_slots.push(slot);
     }
 }
 
