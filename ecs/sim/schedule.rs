@@ -34,8 +34,10 @@ use crate::sim::faults::faults_system;
 use crate::sim::phases::phase_system;
 use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
-use crate::transfer::systems::{bandwidth_system, post_reads_system, transfer_system};
-use crate::transfer::{Flows, Nic};
+use crate::transfer::systems::{
+    bandwidth_system, post_reads, post_reads_system, share_bandwidth, transfer_system,
+};
+use crate::transfer::{Flow, Flows, Nic};
 use crate::workload::trace::TraceReads;
 use crate::workload::{self, SharedTrace, TraceRequest, WorkloadState, workload_system};
 use rand::SeedableRng;
@@ -598,10 +600,12 @@ type LoopParams = (
     ResMut<'static, RunStatus>,
 );
 
-/// Positions in [`DirectTick`]'s list (`retire_system`, `post_reads_system`):
-/// where a fast tick hands over.
+/// Positions in [`DirectTick`]'s list (`retire_system`, `step_start_system`,
+/// `fail_system`): where a fast tick hands over, and where the list hands
+/// over to the fast tick's tail.
 const RETIRE: usize = 6;
-const POST_READS: usize = 9;
+const STEP_START: usize = 8;
+const FAIL: usize = 11;
 
 /// What a tick that only ends steps reads and writes, fetched once.
 type FastTickParams = (
@@ -633,7 +637,8 @@ type FastTickParams = (
     (
         Res<'static, FaultQueue>,
         Res<'static, Gateway>,
-        Res<'static, Flows>,
+        ResMut<'static, Flows>,
+        Query<'static, 'static, &'static mut Flow>,
         Res<'static, Failed>,
     ),
 );
@@ -648,10 +653,12 @@ type FastTickParams = (
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
 /// boundary, or a request finishing): those run the bodies of the systems
-/// with work — step end, retire, step start, observe — on one fetch of
-/// their resources, and so do the ticks after them while they only end
-/// steps too ([`fast_ticks`]); they hand over to the list where another
-/// system turns out to have work (a prefill to hand off, a read to post).
+/// with work — step end, retire, step start, reads, bandwidth, observe —
+/// on one fetch of their resources, and so do the ticks after them while
+/// they only end steps too ([`fast_ticks`]); they hand over to the list
+/// where another system turns out to have work (a prefill to hand off, a
+/// failure). The list hands back at step start: the systems from there on
+/// spawn nothing, so the same fetch runs them (the tail of every tick).
 struct DirectTick {
     systems: Vec<Gated>,
     fast: SystemState<FastTickParams>,
@@ -696,42 +703,70 @@ impl DirectTick {
 
     /// One tick; `only_step_ends`: the events due are all step ends. A fast
     /// tick runs the ticks after it while they are fast too, up to the
-    /// loop's next backlog check and the horizon.
+    /// loop's next backlog check and the horizon. Any other tick runs the
+    /// list up to step start, and the fast tick's tail from there (step
+    /// start, reads, bandwidth, observe, on its one fetch), which goes on
+    /// to the ticks after it in the same way.
     fn run(&mut self, world: &mut World, only_step_ends: bool, horizon: f64) {
         if let Some(check) = world.check_change_ticks() {
             for (_, system) in &mut self.systems {
                 system.check_change_tick(check);
             }
         }
-        let from = if only_step_ends {
-            let at = fast_ticks(&mut self.fast, world, horizon);
-            // The retired requests leave the world (nothing in a fast tick
-            // looks for them, and nothing is spawned there).
-            self.fast.apply(world);
-            match at {
-                Some(at) => at,
-                None => return,
-            }
+        let mut from = if only_step_ends {
+            self.fast(world, horizon, Stage::StepEnd)
         } else {
-            0
+            Some(0)
         };
-        // (After the fast ticks, which may have handed over another tick.)
-        let events = EventsDue::of(world.resource());
-        for (has_work, system) in &mut self.systems[from..] {
-            if has_work(&events, world) {
-                system
-                    .run((), world)
-                    .expect("the built-in systems' parameters are in the world");
+        // (Each time, after the fast ticks, which may have handed over
+        // another tick.)
+        while let Some(at) = from {
+            let events = EventsDue::of(world.resource());
+            let until = if at <= STEP_START {
+                STEP_START
+            } else {
+                self.systems.len()
+            };
+            for (has_work, system) in &mut self.systems[at..until] {
+                if has_work(&events, world) {
+                    system
+                        .run((), world)
+                        .expect("the built-in systems' parameters are in the world");
+                }
             }
+            if until == self.systems.len() {
+                return;
+            }
+            from = self.fast(world, horizon, Stage::StepStart);
         }
     }
+
+    /// The fast ticks from `stage` of the current tick ([`fast_ticks`]).
+    fn fast(&mut self, world: &mut World, horizon: f64, stage: Stage) -> Option<usize> {
+        let at = fast_ticks(&mut self.fast, world, horizon, stage);
+        // The retired requests leave the world (nothing in a fast tick
+        // looks for them, and nothing is spawned there).
+        self.fast.apply(world);
+        at
+    }
+}
+
+/// Where [`fast_ticks`] takes up the current tick: at step end (a tick of
+/// step ends only), or at step start (the list ran the systems before it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    StepEnd,
+    StepStart,
 }
 
 /// Ticks whose events are all step ends, as [`DirectTick`]'s list runs
 /// them: the systems before step end have no work (no event of theirs is
 /// due, their queues are empty), so each ends the steps, retires the
 /// requests that finished, and when no hand-off has work, forms the next
-/// steps, and when no later system has work either, observes. (The retired
+/// steps, posts the reads of the requests parked, shares the links anew
+/// when the flows changed, and when no failure is to be handled, observes.
+/// From [`Stage::StepStart`] the first tick is one whose systems before
+/// step start the list ran, and every engine is looked at. (The retired
 /// requests' despawns are applied when the fast ticks stop: nothing in a
 /// fast tick looks them up, and nothing is spawned there, so no entity is
 /// reused in between.) Then the next tick is handed over here, as the loop
@@ -745,6 +780,7 @@ fn fast_ticks(
     state: &mut SystemState<FastTickParams>,
     world: &mut World,
     horizon: f64,
+    mut stage: Stage,
 ) -> Option<usize> {
     let (
         (mut clock, mut events, mut deadlines),
@@ -753,7 +789,7 @@ fn fast_ticks(
         (mut scratch, mut handoffs, mut finished),
         (index, mut agenda, mut parked, mut recorder, mut status),
         (mut gauges, mut counters, mut trend, mut retirement),
-        (faults, gateway, flows, failed),
+        (faults, gateway, mut flows, mut flow_q, failed),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -772,36 +808,40 @@ fn fast_ticks(
     scratch.may_start.clear();
     scratch.may_start.resize(index.len(), true);
     loop {
-        if due::faults(events, &faults) || due::routing(events, &gateway) {
-            return Some(0);
-        }
         let now = clock.now;
-        end_steps(
-            now,
-            events,
-            &mut engines,
-            &mut reqs,
-            scratch,
-            handoffs,
-            finished,
-        );
-        for &(e, _) in &events.step_ends {
-            scratch.may_start[index.position(e).expect("an engine")] = true;
-        }
-        if due::handoff(handoffs) {
-            return Some(RETIRE);
-        }
-        if due::retire(finished) {
-            retire(
+        if stage == Stage::StepEnd {
+            if due::faults(events, &faults) || due::routing(events, &gateway) {
+                return Some(0);
+            }
+            end_steps(
                 now,
+                events,
+                &mut engines,
+                &mut reqs,
+                scratch,
+                handoffs,
                 finished,
-                |id| reqs.get(id).expect("a finished request"),
-                |e| engines.get(e).expect("decoder").0.index,
-                counters,
-                agenda,
-                &mut retirement,
             );
+            for &(e, _) in &events.step_ends {
+                scratch.may_start[index.position(e).expect("an engine")] = true;
+            }
+            if due::handoff(handoffs) {
+                return Some(RETIRE);
+            }
+            if due::retire(finished) {
+                retire(
+                    now,
+                    finished,
+                    |id| reqs.get(id).expect("a finished request"),
+                    |e| engines.get(e).expect("decoder").0.index,
+                    counters,
+                    agenda,
+                    &mut retirement,
+                );
+            }
         }
+        // (The ticks after the first are all taken up at step end.)
+        stage = Stage::StepEnd;
         // The gauges read each engine as its step is formed: nothing after
         // that changes an engine in a fast tick (a tick where something
         // does hands over to the list, whose observe reads them itself).
@@ -828,8 +868,14 @@ fn fast_ticks(
             }),
             "the gauges' buffer is the engines' state"
         );
-        if due::post_reads(parked) || due::bandwidth(&flows) || due::failures(&failed) {
-            return Some(POST_READS);
+        if due::post_reads(parked) {
+            post_reads(now, &flows, parked, agenda);
+        }
+        if due::bandwidth(&flows) {
+            share_bandwidth(now, &mut flows, &mut flow_q, agenda);
+        }
+        if due::failures(&failed) {
+            return Some(FAIL);
         }
         observe(now, &index, gauges, counters, trend);
         // The tick is done; the loop would hand over the next one now.

@@ -260,12 +260,17 @@ pub fn post_reads_system(
     mut parked: ResMut<Parked>,
     mut agenda: ResMut<Agenda>,
 ) {
+    post_reads(clock.now, &flows, &mut parked, &mut agenda);
+}
+
+/// What [`post_reads_system`] does (the loop's fast tick calls it too).
+pub(crate) fn post_reads(now: f64, flows: &Flows, parked: &mut Parked, agenda: &mut Agenda) {
     for &id in &parked.queue {
         match flows.mode {
             TransferMode::NixlPush => {
-                agenda.schedule(clock.now + flows.notify_latency, Event::Registration(id))
+                agenda.schedule(now + flows.notify_latency, Event::Registration(id))
             }
-            _ => agenda.schedule(clock.now + flows.latency, Event::ReadStart(id)),
+            _ => agenda.schedule(now + flows.latency, Event::ReadStart(id)),
         }
     }
     parked.queue.clear();
@@ -279,11 +284,19 @@ pub fn bandwidth_system(
     mut flow_q: Query<&mut Flow>,
     mut agenda: ResMut<Agenda>,
 ) {
+    share_bandwidth(clock.now, &mut flows, &mut flow_q, &mut agenda);
+}
+
+/// What [`bandwidth_system`] does (the loop's fast tick calls it too).
+pub(crate) fn share_bandwidth(
+    now: f64,
+    flows: &mut Flows,
+    flow_q: &mut Query<&mut Flow>,
+    agenda: &mut Agenda,
+) {
     if !flows.changed {
         return;
     }
-    let now = clock.now;
-    let flows = &mut *flows;
     flows.changed = false;
     flows.generation += 1;
     flows.pod_rate.iter_mut().for_each(|r| *r = 0.0);
