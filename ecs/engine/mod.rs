@@ -153,6 +153,16 @@ pub struct Engine {
     pub generation: u64,
     /// Whether runs of identical decode steps may be booked as one.
     pub repeat_steps: bool,
+    /// Whether such runs may continue past block boundaries without the
+    /// requests being looked up ([`repeat`]'s continued runs).
+    pub continue_runs: bool,
+    /// The step in progress may continue so, and its requests' entries;
+    /// whether some of their steps are not applied to them yet.
+    continuable: bool,
+    run_entries: Vec<repeat::RunEntry>,
+    lagging: bool,
+    /// Steps formed by continuing a run ([`Engine::continue_run`]).
+    pub continued_steps: u64,
     /// docs/model.md's scheduler, or vLLM 0.33's where they differ.
     pub semantics: EngineSemantics,
     /// vLLM 0.33: reads done (decoder) and leases ended (prefiller) that the
@@ -208,6 +218,11 @@ impl Engine {
             step_kv: 0,
             generation: 0,
             repeat_steps: true,
+            continue_runs: true,
+            continuable: false,
+            run_entries: Vec::with_capacity(slots),
+            lagging: false,
+            continued_steps: 0,
             semantics: EngineSemantics::Reference,
             undelivered_reads: Vec::new(),
             undelivered_frees: Vec::new(),
@@ -325,6 +340,10 @@ impl Engine {
         self.parked = 0;
         self.backlog = 0;
         self.step.clear();
+        // (Its requests fail: what their continued runs did not apply yet
+        // is lost with them.)
+        self.continuable = false;
+        self.lagging = false;
         self.busy_until = None;
         self.repeat = 1;
         self.generation += 1;

@@ -11,6 +11,12 @@
 //! run, the run is cut at the first step boundary at or after that instant
 //! ([`Engine::cut_run`]), so the newcomer is seen exactly when it would
 //! have been.
+//!
+//! A run that ends where one of its requests needs a new block is usually
+//! followed by the same step again, with that block: the run continues
+//! from entries kept for its requests, looking up only those whose blocks
+//! change ([`RunEntry`], continued runs below). The step ends, the ticks
+//! and the blocks are the same as the run formed anew would give.
 
 use crate::engine::Engine;
 use crate::engine::cost::{StepTime, linear_of};
@@ -112,6 +118,7 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut crate::engine::StepLog,
     ) {
+        self.settle(reqs);
         let Some(end) = self.busy_until else { return };
         if self.repeat <= 1 || end <= horizon {
             return;
@@ -125,5 +132,198 @@ impl Engine {
         let t = self.run_boundary(k);
         self.busy_until = Some(t);
         self.finish_step(t, kv, reqs, log);
+    }
+}
+
+/// A request of a run's step, as continuing the run past a block boundary
+/// needs it, so that only the requests whose blocks change are looked up
+/// ([`Engine::finish_continued`], [`Engine::continue_run`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunEntry {
+    /// Steps from the start of the run in progress until the request needs
+    /// a new block (`blocks × block_size − computed`, see [`run_limit`]).
+    fit: u32,
+    /// Steps from the start of the run in progress until it finishes.
+    left: u32,
+    /// Steps it has run that its request does not show yet, and when the
+    /// last of them sampled its token.
+    pending: u32,
+    last: Option<f64>,
+    phase: u32,
+    /// Whether its token gaps count (it reached the gateway after warm-up).
+    counted: bool,
+}
+
+impl RunEntry {
+    /// Request `r`'s entry, when it only decodes in this step (else None).
+    pub(crate) fn of(r: &Request, n: u32, block_size: u32, observe_from: f64) -> Option<RunEntry> {
+        let decode = n == 1
+            && r.computed + 1 == r.known_tokens()
+            && r.generated > 0
+            && r.leg == crate::engine::Leg::Decode;
+        decode.then(|| RunEntry {
+            fit: r.blocks.len() as u32 * block_size - r.computed,
+            left: r.max_tokens() - r.generated,
+            pending: 0,
+            last: r.last_token_at,
+            phase: r.phase,
+            counted: r.t0 >= observe_from,
+        })
+    }
+
+    /// Brings request `r` up to date with the steps it ran.
+    fn apply(&mut self, r: &mut Request) {
+        if self.pending > 0 {
+            r.computed += self.pending;
+            r.generated += self.pending;
+            r.last_token_at = self.last;
+            self.pending = 0;
+        }
+    }
+}
+
+/// Continued runs: most run ends are a block boundary of one request of
+/// the step, where the step-by-step engine applies the run, caches the
+/// block just filled, forms the same step again with one new block for
+/// that request, and books the next run. Where nothing else changed (no
+/// request finishes, none waits or is ready, the running set is the step's,
+/// the new blocks are free), these do exactly that from the run's entries:
+/// the same token gaps in the same order, the same blocks cached and
+/// allocated in the same order, the same run booked; the other requests'
+/// tokens are applied when anything else needs them ([`Engine::settle`]).
+/// The reference scheduler with a linear step time only, without exports
+/// or a timeline (the rest goes step by step through the scheduler).
+impl Engine {
+    /// The run in progress ends at `now` at a block boundary: applies it as
+    /// [`Engine::finish_step`] would, or returns false (nothing changed)
+    /// when it is not a run that continues (the caller finishes it).
+    pub(crate) fn finish_continued(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> bool {
+        let repeat = self.repeat;
+        if !self.continuable || self.run_entries.iter().any(|e| e.left <= repeat) {
+            return false;
+        }
+        self.busy_until = None;
+        self.dirty = true;
+        self.steps += repeat as u64;
+        self.repeat = 1;
+        self.step_kv += repeat as u64 * self.step.len() as u64;
+        let first_end = if repeat > 1 {
+            self.run_boundary(1)
+        } else {
+            now
+        };
+        self.itl_weights.iter_mut().for_each(|w| *w = 0);
+        for k in 0..self.run_entries.len() {
+            // (As `observe_tokens` records, request by request.)
+            let e = self.run_entries[k];
+            if e.counted
+                && let Some(last) = e.last
+            {
+                crate::engine::observe::phase_hist(&mut self.itl, e.phase).record(first_end - last);
+            }
+            if repeat > 1 {
+                if e.counted {
+                    crate::engine::observe::count_phase(&mut self.itl_weights, e.phase);
+                }
+                self.run_requests += 1;
+            }
+            let e = &mut self.run_entries[k];
+            e.last = Some(now);
+            e.pending += repeat;
+            e.left -= repeat;
+            e.fit -= repeat;
+            if repeat > 1 && e.fit == 0 {
+                // Its last block filled at the run's last step: cached at
+                // the run's end, as `finish_step` caches it.
+                let r = reqs.req(self.step[k].0);
+                e.apply(r);
+                crate::engine::cache_full_blocks(kv, r, r.computed);
+            }
+        }
+        if repeat > 1 {
+            self.record_run_gaps(repeat, now);
+        }
+        self.lagging = true;
+        true
+    }
+
+    /// Forms the next step at `now` after [`Engine::finish_continued`]:
+    /// the same step, as [`Engine::start_step`] would form it, and its end;
+    /// or None, changing nothing, when the step could differ (the caller
+    /// settles the requests and forms it).
+    pub(crate) fn continue_run(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> Option<f64> {
+        let same_step = self.waiting.is_empty()
+            && self.ready.is_empty()
+            && self.running.len() == self.step.len()
+            && self
+                .running
+                .iter()
+                .zip(&self.step)
+                .all(|(&a, &(b, _))| a == b);
+        let new_blocks = self.run_entries.iter().filter(|e| e.fit == 0).count();
+        if !same_step || new_blocks > kv.num_free() as usize {
+            return None;
+        }
+        self.dirty = false;
+        self.forming_at = now;
+        let bs = kv.block_size();
+        let mut repeat = MAX_RUN;
+        for k in 0..self.run_entries.len() {
+            let e = &mut self.run_entries[k];
+            if e.fit <= 1 {
+                // A new block (fit 0), or the block this step fills (fit 1):
+                // as `schedule_running` takes them.
+                let r = reqs.req(self.step[k].0);
+                e.apply(r);
+                let taken = crate::engine::scheduler::take_blocks(kv, r, 1);
+                debug_assert!(taken, "the free blocks were counted");
+                e.fit = r.blocks.len() as u32 * bs - r.computed;
+            }
+            repeat = repeat.min(e.fit.min(e.left));
+        }
+        let tokens = self.step.len() as u64;
+        let duration = self.formed_step_cost(tokens, self.step_kv, reqs);
+        self.step_start = now;
+        self.repeat = 1;
+        let mut end = now + duration;
+        if repeat > 1 {
+            self.book_run_costs(repeat, reqs);
+            self.repeat = repeat;
+            end = self.book_run_ends();
+        }
+        self.busy_until = Some(end);
+        self.generation += 1;
+        self.continued_steps += 1;
+        Some(end)
+    }
+
+    /// Whether the step that just ended was a continued run's (its next
+    /// step may be the same, [`Engine::continue_run`]).
+    pub(crate) fn continues(&self) -> bool {
+        self.lagging && self.continuable
+    }
+
+    /// Applies to the requests of the step the steps they ran in continued
+    /// runs (before anything else looks at them).
+    pub(crate) fn settle(&mut self, reqs: &mut impl RequestStore) {
+        if !self.lagging {
+            return;
+        }
+        for (e, &(id, _)) in self.run_entries.iter_mut().zip(&self.step) {
+            if e.pending > 0 {
+                e.apply(reqs.req(id));
+            }
+        }
+        self.lagging = false;
     }
 }

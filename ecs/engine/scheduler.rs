@@ -3,8 +3,9 @@
 
 use bevy_ecs::prelude::*;
 
+use crate::engine::cost::StepTime;
 use crate::engine::kv::{BlockPool, reusable};
-use crate::engine::repeat::{MAX_RUN, run_limit};
+use crate::engine::repeat::{MAX_RUN, RunEntry, run_limit};
 use crate::engine::request::{KvSource, Leg, Request, RequestStore, Status};
 use crate::engine::{Engine, StepLog, cache_full_blocks, uncomputed_prompt};
 use crate::scenario::EngineSemantics;
@@ -20,6 +21,7 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
     ) -> Option<f64> {
+        self.settle(reqs);
         self.forming_at = now;
         let (duration, repeat) = self.form_step(kv, reqs, log)?;
         self.step_start = now;
@@ -30,6 +32,7 @@ impl Engine {
             self.repeat = repeat;
             end = self.book_run_ends();
         }
+        self.continuable &= log.preempted.is_empty();
         self.busy_until = Some(end);
         self.generation += 1;
         Some(end)
@@ -77,11 +80,26 @@ impl Engine {
         }
         let (mut tokens, mut kv_tokens, mut repeat) = (0u64, 0u64, MAX_RUN);
         let block_size = kv.block_size();
+        // A run that may continue past block boundaries keeps its requests'
+        // entries (see `repeat`'s continued runs).
+        self.run_entries.clear();
+        self.continuable = self.continue_runs
+            && self.repeat_steps
+            && self.semantics == EngineSemantics::Reference
+            && matches!(self.cost, StepTime::Linear(_))
+            && self.exported.is_none()
+            && self.slices.is_none();
         for &(id, n) in &self.step {
             let r = reqs.req(id);
             tokens += n as u64;
             kv_tokens += (r.computed + n) as u64;
             repeat = repeat.min(run_limit(r, n, block_size));
+            if self.continuable {
+                match RunEntry::of(r, n, block_size, self.observe_from) {
+                    Some(e) => self.run_entries.push(e),
+                    None => self.continuable = false,
+                }
+            }
         }
         self.step_kv = kv_tokens;
         if self.slices.is_some() {
@@ -364,6 +382,8 @@ impl Engine {
         reqs: &mut impl RequestStore,
         log: &mut StepLog,
     ) {
+        self.settle(reqs);
+        self.continuable = false;
         self.busy_until = None;
         self.dirty = true;
         let repeat = self.repeat;
@@ -445,7 +465,7 @@ impl Engine {
 
 /// Allocates the blocks running request `r` needs for `n` more tokens and
 /// caches those they fill; false, changing nothing, when too few are free.
-fn take_blocks(kv: &mut BlockPool, r: &mut Request, n: u32) -> bool {
+pub(crate) fn take_blocks(kv: &mut BlockPool, r: &mut Request, n: u32) -> bool {
     let need = kv
         .blocks_for(r.computed + n)
         .saturating_sub(r.blocks.len() as u32);

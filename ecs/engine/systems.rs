@@ -64,6 +64,10 @@ pub(crate) fn end_steps(
         }
         let log = &mut scratch.log;
         log.clear();
+        // (A run continued past a block boundary finishes no request.)
+        if engine.finish_continued(now, &mut kv.0, reqs) {
+            continue;
+        }
         engine.finish_step(now, &mut kv.0, reqs, log);
         for &id in &log.finished {
             match reqs.req(id).leg {
@@ -181,7 +185,13 @@ pub(crate) fn start_steps(
                     None => break 'engine,
                 }
             }
-            let end = engine.start_step(now, &mut kv.0, reqs, log);
+            // The same step again after a continued run's block boundary,
+            // where nothing else changed; else formed anew.
+            let end = match engine.continues() {
+                true => engine.continue_run(now, &mut kv.0, reqs),
+                false => None,
+            }
+            .or_else(|| engine.start_step(now, &mut kv.0, reqs, log));
             if let Some(id) = log.never_fits
                 && status.error.is_none()
             {

@@ -319,6 +319,18 @@ impl Sim {
     ) {
         self.schedule.add_systems(systems);
         self.direct = None;
+        // A custom system may look at any request between two ticks: the
+        // requests' tokens are applied at every step end.
+        self.set_continued_runs(false);
+    }
+
+    /// Whether runs of repeated decode steps may continue past block
+    /// boundaries without the requests being looked up (an exact shortcut,
+    /// on by default; off with a custom system, which may look at them).
+    pub fn set_continued_runs(&mut self, on: bool) {
+        for mut e in self.world.query::<&mut Engine>().iter_mut(&mut self.world) {
+            e.continue_runs = on;
+        }
     }
 
     /// Records every step formed and every finished request (replays,

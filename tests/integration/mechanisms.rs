@@ -439,3 +439,68 @@ fn repeated_decode_steps_give_the_same_times_as_step_by_step() {
     );
     assert_eq!(slow.observations, fast.observations);
 }
+
+/// The exact shortcut past block boundaries: a run that reaches one
+/// request's block boundary books its next run from the run's entries
+/// (that request's new block taken, the others' tokens applied later).
+/// The report is byte for byte the one of runs formed anew at every
+/// boundary — ticks, gauges and every histogram's sums included — on busy
+/// workloads that evict and preempt (runs against step by step:
+/// `repeated_decode_steps_give_the_same_times_as_step_by_step`). The
+/// shortcut is taken: else this would test nothing.
+#[test]
+fn runs_continued_past_block_boundaries_give_the_same_report() {
+    let tiny = |blocks: &str| {
+        let sets: Vec<String> = [
+            "horizon=60",
+            "workload.session_rate=2",
+            "workload.output_tokens_mean=40",
+            &format!("decode.engine.num_gpu_blocks={blocks}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        pdsim::scenario::load(std::path::Path::new("tests/scenarios/tiny.ron"), &sets).unwrap()
+    };
+    let reference = |blocks: &str| {
+        let sets: Vec<String> = [
+            "horizon=400",
+            "warmup=100",
+            "workload.session_rate=1.2",
+            &format!("decode.engine.num_gpu_blocks={blocks}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        pdsim::scenario::load(std::path::Path::new("scenarios/llmd_nixl_pull.ron"), &sets).unwrap()
+    };
+    let run = |sc: &pdsim::scenario::Scenario, continued: bool| {
+        let mut sim = pdsim::Sim::new(sc).unwrap();
+        sim.set_continued_runs(continued);
+        let mut report = sim.run().unwrap();
+        let steps: u64 = sim
+            .world
+            .query::<&pdsim::engine::Engine>()
+            .iter(&sim.world)
+            .map(|e| e.continued_steps)
+            .sum();
+        (report.wall_seconds, report.routing_seconds) = (0.0, 0.0);
+        (report, steps)
+    };
+    for (what, sc) in [
+        ("tiny, 48 blocks", tiny("48")),
+        ("tiny, 400 blocks", tiny("400")),
+        ("the reference, 1100 blocks", reference("1100")),
+        ("the reference, 10000 blocks", reference("10000")),
+    ] {
+        let (anew, none) = run(&sc, false);
+        let (continued, taken) = run(&sc, true);
+        assert_eq!(none, 0, "{what}: none continued when asked not to");
+        assert!(
+            taken * 4 > continued.ticks,
+            "{what}: most ticks continue a run ({taken} of {} ticks)",
+            continued.ticks
+        );
+        assert_eq!(anew.to_json(), continued.to_json(), "{what}");
+    }
+}
