@@ -205,17 +205,17 @@ impl BlockPool {
         let slots = &mut self.slots;
         let free_slots = &mut self.free_slots;
         *self.slot_of.entry(stream).or_insert_with(|| {
-            let blocks = StreamBlocks {
-                stream,
-                ..Default::default()
-            };
             match free_slots.pop() {
                 Some(s) => {
-                    slots[s as usize] = blocks;
+                    // (Given back with nothing cached, its index kept.)
+                    slots[s as usize].stream = stream;
                     s
                 }
                 None => {
-                    slots.push(blocks);
+                    slots.push(StreamBlocks {
+                        stream,
+                        ..Default::default()
+                    });
                     slots.len() as u32 - 1
                 }
             }
@@ -688,7 +688,11 @@ fn uncache_run(
     s.leading = s.leading.min(least);
     if s.count == 0 {
         slot_of.remove(&s.stream);
-        *s = StreamBlocks::default();
+        // Its index keeps its length and memory, every entry NONE: the
+        // stream that takes the slot next starts with it (no allocation,
+        // no fill, where small pools evict whole streams all the time).
+        debug_assert!(s.at.iter().all(|&b| b == NONE), "an uncached entry");
+        s.leading = 0;
         free_slots.push(slot);
     }
 }
