@@ -3,7 +3,7 @@
 
 use bevy_ecs::prelude::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use pdsim::engine::record::{FinishedRequests, StepRecord, StepRecorder};
 use pdsim::engine::{Engine, KvPool, Request, Role};
@@ -22,12 +22,80 @@ pub fn assert_close(actual: f64, expected: f64, what: &str) {
     );
 }
 
-/// A fresh scratch folder of this test process, named `name`.
-pub fn scratch_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh scratch folder of this test process, named `name`, removed when
+/// it goes out of scope unless the test is failing (its files are then
+/// left to look at): a passing suite leaves nothing in the temp folder.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A file of its own scratch folder (removed with it, as [`Scratch`]).
+pub struct ScratchFile {
+    _dir: Scratch,
+    path: PathBuf,
+}
+
+impl ScratchFile {
+    /// `text` written as `file` in a fresh scratch folder `dir`.
+    pub fn new(dir: &str, file: &str, text: &str) -> ScratchFile {
+        let dir = Scratch::new(dir);
+        let path = dir.join(file);
+        std::fs::write(&path, text).unwrap();
+        ScratchFile { _dir: dir, path }
+    }
+}
+
+impl std::ops::Deref for ScratchFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for ScratchFile {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for ScratchFile {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.path.as_os_str()
+    }
 }
 
 /// The scenario at `path` with `--set` overrides.

@@ -1,13 +1,13 @@
 //! Bad input gets a clear error naming what is wrong, never a panic.
 
+use crate::common::Scratch;
 use pdsim::scenario;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A scratch folder with a copy of the tiny scenario whose scripts live
 /// beside it, so a test can break one script.
-fn sandbox(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn sandbox(name: &str) -> Scratch {
+    let dir = Scratch::new(&format!("test-{name}"));
     std::fs::create_dir_all(dir.join("scripts")).unwrap();
     for f in std::fs::read_dir("scripts").unwrap() {
         let f = f.unwrap().path();

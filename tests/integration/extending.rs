@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::Scratch;
+
 use pdsim::ecs::prelude::*;
 use pdsim::metrics::CustomMetrics;
 use pdsim::{Sim, SimSystems};
@@ -25,10 +27,8 @@ fn json_of(cmd: &mut Command, out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-ext-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("ext-{name}"))
 }
 
 #[test]

@@ -257,8 +257,7 @@ fn impossible_hardware_is_refused_with_a_sentence() {
 
 #[test]
 fn a_config_json_missing_a_field_is_named() {
-    let dir = std::env::temp_dir().join(format!("pdsim-hw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("hw");
     let file = dir.join("config.json");
     std::fs::write(
         &file,
@@ -280,8 +279,7 @@ fn runs_of_decode_steps_are_exact_under_the_physical_models() {
     // contexts that cross it) with the roofline, and of a measured table:
     // booking repeated decode steps as one run gives every request the
     // same times as forming each step.
-    let dir = std::env::temp_dir().join(format!("pdsim-table-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("table");
     let table = dir.join("steps.csv");
     std::fs::write(
         &table,
@@ -343,8 +341,7 @@ fn runs_of_decode_steps_are_exact_under_the_physical_models() {
 
 #[test]
 fn check_prints_and_writes_what_the_guide_derives() {
-    let dir = std::env::temp_dir().join(format!("pdsim-check-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("check");
     let json = dir.join("derived.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
         .args([

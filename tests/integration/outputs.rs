@@ -4,18 +4,13 @@
 //! tokens, a step costs max(0.01, 0.001 × tokens) s, NICs of 1000 tokens/s,
 //! reads wait 5 ms).
 
-use std::path::PathBuf;
-
 use crate::common::*;
 use pdsim::metrics::Obs;
 use pdsim::router::RouterMode;
 use pdsim::sim::Outputs;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-outputs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("outputs-{name}"))
 }
 
 /// Runs a trace through the tiny deployment without a router, writing the

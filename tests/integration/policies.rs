@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::common::ScratchFile;
+
 use pdsim::engine::Role;
 use pdsim::router::policy::{PodView, Policies, ReqView};
 use pdsim::scenario::{self, ParamValue, Plugin, Profile, Router, Scorer};
@@ -50,16 +52,15 @@ fn policies(
 }
 
 /// A plugin whose script `text` is written to a scratch file named `name`.
-fn scratch_plugin(name: &str, text: &str) -> Plugin {
-    let dir = std::env::temp_dir().join(format!("pdsim-scripts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = dir.join(format!("{name}.rhai"));
-    std::fs::write(&script, text).unwrap();
-    Plugin {
+/// (The file lives as long as the first of the two.)
+fn scratch_plugin(name: &str, text: &str) -> (ScratchFile, Plugin) {
+    let file = ScratchFile::new(&format!("scripts-{name}"), &format!("{name}.rhai"), text);
+    let plugin = Plugin {
         plugin: None,
-        script: script.to_string_lossy().into_owned(),
+        script: file.to_string_lossy().into_owned(),
         params: BTreeMap::new(),
-    }
+    };
+    (file, plugin)
 }
 
 fn first() -> Plugin {
@@ -354,7 +355,7 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
     // The router refills its script values in place between requests and
     // gives scripts copies: this picker keeps the first request, its pods
     // and a pod, and checks at every later request that they read the same.
-    let picker = scratch_plugin(
+    let (_file, picker) = scratch_plugin(
         "keeping-picker",
         "fn pick(req, pods, scores) {\n    if !(\"pods\" in state) {\n        state.pods = pods; state.req = req;\n        for pod in pods { state.pod = pod; }\n        state.active = [pods[0].active, pods[1].active, state.pod.active, req.prompt_tokens];\n    }\n    let now = [state.pods[0].active, state.pods[1].active, state.pod.active, state.req.prompt_tokens];\n    if now != state.active { throw `kept values changed: ${state.active} became ${now}`; }\n    0\n}\n",
     );
@@ -374,7 +375,7 @@ fn pods_kept_in_state_are_not_changed_by_later_requests() {
 
 #[test]
 fn a_filter_that_returns_a_pod_twice_is_an_error() {
-    let twice = scratch_plugin(
+    let (_file, twice) = scratch_plugin(
         "twice-filter",
         "fn filter(req, pods) { pods + [pods[0]] }\n",
     );
@@ -388,7 +389,7 @@ fn a_filter_that_returns_a_pod_twice_is_an_error() {
 
 #[test]
 fn random_int_of_less_than_one_is_an_error() {
-    let picker = scratch_plugin(
+    let (_file, picker) = scratch_plugin(
         "zero-picker",
         "fn pick(req, pods, scores) { random_int(0) }\n",
     );
@@ -403,8 +404,7 @@ fn random_int_of_less_than_one_is_an_error() {
 #[test]
 fn scores_whose_weighted_sum_overflows_are_an_error() {
     // 1e308 + 1e308 = inf: finite scores, an infinite sum.
-    let dir = std::env::temp_dir().join(format!("pdsim-huge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("huge");
     let path = dir.join("huge-scorer.rhai");
     std::fs::write(&path, "fn score(req, pod) { 1e308 }\n").unwrap();
     let script = path.to_string_lossy().into_owned();
@@ -436,7 +436,7 @@ fn scores_whose_weighted_sum_overflows_are_an_error() {
 fn a_hook_parameter_may_be_named_state() {
     // The parameter hides the plugin's `state`, as any parameter hides an
     // outer name: here `state` is the pods, so this picks the last one.
-    let picker = scratch_plugin(
+    let (_file, picker) = scratch_plugin(
         "last-picker",
         "fn pick(req, state, scores) {\n    state.len() - 1\n}\n",
     );
@@ -528,8 +528,7 @@ fn the_decider_from_the_docs_works() {
         + "\n```rhai\n".len();
     let script = &doc[start..start + doc[start..].find("```").unwrap()];
     assert!(script.lines().count() <= 14, "about ten lines");
-    let dir = std::env::temp_dir().join(format!("pdsim-doc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("doc");
     let path = dir.join("busy-decoder-decider.rhai");
     std::fs::write(&path, script).unwrap();
 
@@ -621,8 +620,7 @@ fn unknown_and_mistyped_parameters_are_refused_with_the_nearest_name() {
 
 #[test]
 fn a_property_typo_is_refused_even_in_a_branch_no_request_takes() {
-    let dir = std::env::temp_dir().join(format!("pdsim-typo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("typo");
     let script = dir.join("d.rhai");
     // `pdsim check` of the reference with `text` as its decider: its stderr.
     let check = |text: &str| {
@@ -664,8 +662,7 @@ fn a_property_typo_is_refused_even_in_a_branch_no_request_takes() {
 #[test]
 fn a_decider_may_see_the_prefill_pods() {
     // Remote only when some prefiller is idle.
-    let dir = std::env::temp_dir().join(format!("pdsim-sees-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("sees");
     let path = dir.join("idle-prefiller-decider.rhai");
     std::fs::write(
         &path,
@@ -720,8 +717,7 @@ fn a_decider_may_see_the_prefill_pods() {
 
 #[test]
 fn per_pod_routing_counts_add_up_in_the_json() {
-    let dir = std::env::temp_dir().join(format!("pdsim-pods-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("pods");
     let json = dir.join("r.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_pdsim"))
         .args([
@@ -754,8 +750,7 @@ fn per_pod_routing_counts_add_up_in_the_json() {
 
 #[test]
 fn a_plugins_state_starts_as_its_top_level_leaves_it() {
-    let dir = std::env::temp_dir().join(format!("pdsim-state-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("state");
     let path = dir.join("rr.rhai");
     std::fs::write(
         &path,
@@ -794,8 +789,7 @@ fn the_routing_shortcuts_change_no_number_of_a_run() {
     // subset (a range loop: remembered).
     use pdsim::router::{Router, RouterMode};
     use pdsim::sim::Sim;
-    let dir = std::env::temp_dir().join(format!("pdsim-shortcuts-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("shortcuts");
     let ranged = dir.join("ranged-active-scorer.rhai");
     std::fs::write(
         &ranged,

@@ -208,7 +208,7 @@ fn inputs_that_never_end_or_exhaust_memory_are_refused_with_the_bound() {
     // 10 000 pods × 16 000 000 blocks × 44 B = 7.04e12 B = 6556.5 GiB.
     assert!(err.contains("would take 6556.5 GiB"), "{err}");
 
-    let dir = crate::common::scratch_dir("plots");
+    let dir = crate::common::Scratch::new("plots");
     let plots = dir.to_string_lossy();
     let (out, _) = pdsim(&[
         "run",
@@ -290,7 +290,7 @@ fn a_replay_trace_with_impossible_times_or_unknown_keys_is_refused() {
         &std::fs::read_to_string("tests/golden/chunked_prefill.json").unwrap(),
     )
     .unwrap();
-    let dir = crate::common::scratch_dir("badtrace");
+    let dir = crate::common::Scratch::new("badtrace");
     type Edit = Box<dyn Fn(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
         (
@@ -342,7 +342,7 @@ fn a_replay_trace_with_impossible_times_or_unknown_keys_is_refused() {
 
 #[test]
 fn a_script_longer_than_rhai_can_number_is_refused_with_the_real_limit() {
-    let dir = crate::common::scratch_dir("long");
+    let dir = crate::common::Scratch::new("long");
     let path = dir.join("long.rhai");
     let text = format!(
         "const DEFAULTS = #{{ non_cached_tokens: 1, prompt_tokens: 0 }};\n{}fn decide(req, pod) {{ true }}\n",
@@ -361,7 +361,7 @@ fn a_script_longer_than_rhai_can_number_is_refused_with_the_real_limit() {
 
 #[test]
 fn a_nan_in_a_ron_file_is_blamed_on_its_field() {
-    let dir = crate::common::scratch_dir("nan");
+    let dir = crate::common::Scratch::new("nan");
     let path = dir.join("nan.ron");
     let text = std::fs::read_to_string("tests/scenarios/tiny.ron")
         .unwrap()

@@ -33,7 +33,7 @@ fn every_scenario_file_loads_and_compiles_its_scripts() {
 
 #[test]
 fn same_scenario_and_seed_give_byte_identical_json() {
-    let dir = std::env::temp_dir().join(format!("pdsim-det-{}", std::process::id()));
+    let dir = crate::common::Scratch::new("det");
     let run = |name: &str, seed: &str| {
         let out = dir.join(name);
         let status = pdsim()
@@ -267,8 +267,7 @@ fn the_reference_percentiles_are_within_the_histograms_bound_of_the_exact_ones()
 /// says what it read.
 #[test]
 fn run_with_a_trace_prints_what_it_read() {
-    let dir = std::env::temp_dir().join(format!("pdsim-cli-trace-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = crate::common::Scratch::new("cli-trace");
     let trace = dir.join("t.csv");
     std::fs::write(
         &trace,

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::common::Scratch;
+
 use pdsim::experiment::{self, MergeArgs, SweepArgs};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-sweep-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+fn scratch(name: &str) -> Scratch {
+    Scratch::new(&format!("sweep-{name}"))
 }
 
 /// The tiny scenario, 2 grid points × 3 seeds, 100 simulated s each.
@@ -241,7 +241,8 @@ fn a_dir_made_by_different_arguments_is_refused() {
 
 #[test]
 fn bad_arguments_get_one_line_naming_what_is_wrong() {
-    let root = scratch("bad");
+    let dir = scratch("bad");
+    let root = dir.join("out");
     let e = sweep_err(&SweepArgs {
         grid: vec!["decode.engine.num_gpu_blokcs=10,20".into()],
         ..args(&root)

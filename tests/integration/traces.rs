@@ -5,7 +5,7 @@
 //! token is not cached on the decoder, so every request here is remote).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::common::*;
 use pdsim::engine::record::FinishedRequests;
@@ -13,12 +13,8 @@ use pdsim::engine::{BlockPool, Request};
 use pdsim::workload::trace::identity::PathBuilder;
 
 /// Writes `text` as a trace file in a scratch folder.
-fn trace_file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("pdsim-traces-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+fn trace_file(name: &str, text: &str) -> ScratchFile {
+    ScratchFile::new(&format!("traces-{name}"), name, text)
 }
 
 /// The `--set` that makes the tiny scenario's workload this trace.
@@ -223,14 +219,16 @@ fn a_malformed_trace_line_names_file_line_and_field() {
     );
     // 16 tokens with an id per 8, read at the default 512 tokens per id.
     let text = "{\"timestamp\":0,\"input_length\":16,\"output_length\":2,\"hash_ids\":[1,2]}\n";
-    let sc = tiny(&[trace_set(&trace_file("per8.jsonl", text), "").as_str()]);
+    let path = trace_file("per8.jsonl", text);
+    let sc = tiny(&[trace_set(&path, "").as_str()]);
     let err = pdsim::Sim::new(&sc).err().expect("refused").to_string();
     assert!(
         err.contains("per8.jsonl:1:") && err.contains("needs 1") && err.contains("block_tokens"),
         "{err}"
     );
     let text = "{\"timestamp\":0,\"input_length\":8,\"output_length\":2,\"hash_ids\":[1],\"priority\":3}\n";
-    let sc = tiny(&[trace_set(&trace_file("extra.jsonl", text), ", \"block_tokens\": 8").as_str()]);
+    let path = trace_file("extra.jsonl", text);
+    let sc = tiny(&[trace_set(&path, ", \"block_tokens\": 8").as_str()]);
     let err = pdsim::Sim::new(&sc).err().expect("refused").to_string();
     assert!(
         err.contains("extra.jsonl:1:") && err.contains("priority"),

@@ -875,21 +875,19 @@ mod tests {
         script: &str,
         params: &[(&str, ParamValue)],
     ) -> Plugin {
-        let dir = std::env::temp_dir().join(format!("pdsim-direct-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(format!("{:x}.rhai", {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (script, format!("{params:?}")).hash(&mut h);
-            h.finish()
-        }));
+        // A file of its own (the process, the call), gone once loaded.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("pdsim-direct-{}-{call}.rhai", std::process::id()));
         std::fs::write(&path, script).unwrap();
         let params: BTreeMap<String, ParamValue> = params
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
-        Plugin::load(engine, path.to_str().unwrap(), hook, &params, 1.0)
-            .unwrap_or_else(|e| panic!("{script}: {e}"))
+        let plugin = Plugin::load(engine, path.to_str().unwrap(), hook, &params, 1.0);
+        let _ = std::fs::remove_file(&path);
+        plugin.unwrap_or_else(|e| panic!("{script}: {e}"))
     }
 
     fn catalogue(name: &str) -> String {
