@@ -875,19 +875,12 @@ mod tests {
         script: &str,
         params: &[(&str, ParamValue)],
     ) -> Plugin {
-        // A file of its own (the process, the call), gone once loaded.
-        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("pdsim-direct-{}-{call}.rhai", std::process::id()));
-        std::fs::write(&path, script).unwrap();
         let params: BTreeMap<String, ParamValue> = params
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
-        let plugin = Plugin::load(engine, path.to_str().unwrap(), hook, &params, 1.0);
-        let _ = std::fs::remove_file(&path);
-        plugin.unwrap_or_else(|e| panic!("{script}: {e}"))
+        Plugin::from_text(engine, "test.rhai", script, hook, &params, 1.0)
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
     }
 
     fn catalogue(name: &str) -> String {

@@ -177,9 +177,21 @@ impl Plugin {
     ) -> Result<Plugin> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::new(format!("cannot read script {path}: {e}")))?;
-        check_length(&text, &format!("script {path}"))?;
+        Plugin::from_text(engine, path, &text, kind, params, weight)
+    }
+
+    /// The plugin of script `text`, named `path` in its messages.
+    pub(crate) fn from_text(
+        engine: &Engine,
+        path: &str,
+        text: &str,
+        kind: Hook,
+        params: &BTreeMap<String, ParamValue>,
+        weight: f64,
+    ) -> Result<Plugin> {
+        check_length(text, &format!("script {path}"))?;
         let compile = |scope: &Scope| {
-            let mut ast = engine.compile_with_scope(scope, &text).map_err(|e| {
+            let mut ast = engine.compile_with_scope(scope, text).map_err(|e| {
                 let line =
                     e.1.line()
                         .map(|l| format!(", line {l}"))
@@ -252,7 +264,7 @@ impl Plugin {
         // sets those variables and runs the statements, skipping rhai's
         // function-call machinery (which allocates per argument).
         let body_text = only_between(
-            &text,
+            text,
             hook_fn.body.start_position(),
             hook_fn.body.end_position(),
         )
@@ -321,7 +333,7 @@ impl Plugin {
             path: path.to_string(),
             arity: runtime.arg_names.len(),
             hook,
-            hook_line: definition_line(&text, hook.name()),
+            hook_line: definition_line(text, hook.name()),
             runtime: RefCell::new(runtime),
             memo: RefCell::new(memo),
             direct,
