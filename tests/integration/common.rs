@@ -22,79 +22,64 @@ pub fn assert_close(actual: f64, expected: f64, what: &str) {
     );
 }
 
-/// A fresh scratch folder of this test process, named `name`, removed when
-/// it goes out of scope unless the test is failing (its files are then
-/// left to look at): a passing suite leaves nothing in the temp folder.
-pub struct Scratch(PathBuf);
+/// A fresh scratch folder of this test process, named `name`, or a path in
+/// it; the folder is removed when this goes out of scope unless the test is
+/// failing (its files are then left to look at): a passing suite leaves
+/// nothing in the temp folder.
+pub struct Scratch {
+    folder: PathBuf,
+    path: PathBuf,
+}
 
 impl Scratch {
     pub fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
+        let folder = std::env::temp_dir().join(format!("pdsim-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder).unwrap();
+        Scratch {
+            path: folder.clone(),
+            folder,
+        }
+    }
+
+    /// `inner` in the folder, not made (for what makes it: a sweep's output).
+    pub fn within(mut self, inner: &str) -> Scratch {
+        self.path = self.folder.join(inner);
+        self
+    }
+
+    /// A file `file` holding `text`, in a fresh folder `name`.
+    pub fn file(name: &str, file: &str, text: &str) -> Scratch {
+        let scratch = Scratch::new(name).within(file);
+        std::fs::write(&scratch.path, text).unwrap();
+        scratch
     }
 }
 
 impl std::ops::Deref for Scratch {
     type Target = Path;
     fn deref(&self) -> &Path {
-        &self.0
+        &self.path
     }
 }
 
 impl AsRef<Path> for Scratch {
     fn as_ref(&self) -> &Path {
-        &self.0
+        &self.path
     }
 }
 
 impl AsRef<std::ffi::OsStr> for Scratch {
     fn as_ref(&self) -> &std::ffi::OsStr {
-        self.0.as_os_str()
+        self.path.as_os_str()
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = std::fs::remove_dir_all(&self.folder);
         }
-    }
-}
-
-/// A file of its own scratch folder (removed with it, as [`Scratch`]).
-pub struct ScratchFile {
-    _dir: Scratch,
-    path: PathBuf,
-}
-
-impl ScratchFile {
-    /// `text` written as `file` in a fresh scratch folder `dir`.
-    pub fn new(dir: &str, file: &str, text: &str) -> ScratchFile {
-        let dir = Scratch::new(dir);
-        let path = dir.join(file);
-        std::fs::write(&path, text).unwrap();
-        ScratchFile { _dir: dir, path }
-    }
-}
-
-impl std::ops::Deref for ScratchFile {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsRef<Path> for ScratchFile {
-    fn as_ref(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsRef<std::ffi::OsStr> for ScratchFile {
-    fn as_ref(&self) -> &std::ffi::OsStr {
-        self.path.as_os_str()
     }
 }
 

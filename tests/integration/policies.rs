@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::common::ScratchFile;
+use crate::common::Scratch;
 
 use pdsim::engine::Role;
 use pdsim::router::policy::{PodView, Policies, ReqView};
@@ -53,8 +53,8 @@ fn policies(
 
 /// A plugin whose script `text` is written to a scratch file named `name`.
 /// (The file lives as long as the first of the two.)
-fn scratch_plugin(name: &str, text: &str) -> (ScratchFile, Plugin) {
-    let file = ScratchFile::new(&format!("scripts-{name}"), &format!("{name}.rhai"), text);
+fn scratch_plugin(name: &str, text: &str) -> (Scratch, Plugin) {
+    let file = Scratch::file(&format!("scripts-{name}"), &format!("{name}.rhai"), text);
     let plugin = Plugin {
         plugin: None,
         script: file.to_string_lossy().into_owned(),

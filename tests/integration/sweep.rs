@@ -8,8 +8,9 @@ use crate::common::Scratch;
 
 use pdsim::experiment::{self, MergeArgs, SweepArgs};
 
+/// A sweep's output folder, not made yet.
 fn scratch(name: &str) -> Scratch {
-    Scratch::new(&format!("sweep-{name}"))
+    Scratch::new(&format!("sweep-{name}")).within("out")
 }
 
 /// The tiny scenario, 2 grid points × 3 seeds, 100 simulated s each.
@@ -241,8 +242,7 @@ fn a_dir_made_by_different_arguments_is_refused() {
 
 #[test]
 fn bad_arguments_get_one_line_naming_what_is_wrong() {
-    let dir = scratch("bad");
-    let root = dir.join("out");
+    let root = scratch("bad");
     let e = sweep_err(&SweepArgs {
         grid: vec!["decode.engine.num_gpu_blokcs=10,20".into()],
         ..args(&root)

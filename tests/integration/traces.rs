@@ -13,8 +13,8 @@ use pdsim::engine::{BlockPool, Request};
 use pdsim::workload::trace::identity::PathBuilder;
 
 /// Writes `text` as a trace file in a scratch folder.
-fn trace_file(name: &str, text: &str) -> ScratchFile {
-    ScratchFile::new(&format!("traces-{name}"), name, text)
+fn trace_file(name: &str, text: &str) -> Scratch {
+    Scratch::file(&format!("traces-{name}"), name, text)
 }
 
 /// The `--set` that makes the tiny scenario's workload this trace.
