@@ -74,12 +74,28 @@ const _: () = assert!(std::mem::size_of::<Block>() == 20);
 /// block indices (NONE where not cached), how many are cached, and how many
 /// lead without a gap (the stream's cached prefix, which the router asks
 /// for every candidate of every request).
+///
+/// With the reference semantics a session's turn hits its whole earlier
+/// prefix, which the turn before freed as one stretch of the queue; most of
+/// the pool's block work was taking those blocks out one by one and freeing
+/// them again. So two counts let a prefix move as a whole, the queue left as
+/// block-by-block work would leave it:
+///
+/// * `held`: the first `held` blocks are referenced once, by one table,
+///   without their own counts saying so (theirs stay 0). A second holder, or
+///   a newer copy replacing one of them, writes the counts out first.
+/// * `queued`: the first `queued` blocks are free and one stretch of the
+///   queue, block 0 nearest the back (each block's `prev` is the next
+///   block's id), as a table freed tail first leaves them. Any of them
+///   leaving the queue or the index cuts it to below that block.
 #[derive(Clone, Debug, Default)]
 struct StreamBlocks {
     stream: u64,
     at: Vec<BlockId>,
     count: u32,
     leading: u32,
+    held: u32,
+    queued: u32,
 }
 
 /// Each stream with a cached block has a slot of the index; the blocks
@@ -222,8 +238,12 @@ impl BlockPool {
         })
     }
 
+    /// The references on block `id`: its own count, and one more while it
+    /// is in its stream's held prefix.
     pub fn ref_count(&self, id: BlockId) -> u32 {
-        self.blocks[id as usize].ref_cnt
+        let b = &self.blocks[id as usize];
+        let held = b.has_key() && self.slots[b.key_slot as usize].held > b.key_index;
+        b.ref_cnt + held as u32
     }
 
     /// The cached blocks of `stream` from its first one, without a gap.
@@ -258,7 +278,10 @@ impl BlockPool {
     pub fn free_among_prefix(&self, path: &BlockPath, n: u32) -> u32 {
         path.runs(self.block_size, n)
             .map(|run| {
-                self.stream(run.stream).expect("a cached stream").at[..run.count as usize]
+                let s = self.stream(run.stream).expect("a cached stream");
+                // (A held prefix is not free.)
+                let from = s.held.min(run.count) as usize;
+                s.at[from..run.count as usize]
                     .iter()
                     .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
                     .count() as u32
@@ -287,7 +310,10 @@ impl BlockPool {
     /// request's blocks are freed tail first, so a cached prefix usually
     /// sits in the queue as one stretch, block 0 nearest the back; the
     /// stretch is cut out with one relinking of its two ends instead of one
-    /// per block (the queue is the same).
+    /// per block (the queue is the same). With the reference semantics a
+    /// stream's prefix that is one free stretch becomes its held prefix
+    /// ([`StreamBlocks`]): no block's count is written, and the part known
+    /// to be one stretch from its last free is not even looked at.
     pub fn touch_prefix(&mut self, path: &BlockPath, n: u32, table: &mut Vec<BlockId>) {
         table.reserve(n as usize);
         // The stretch being cut out: the blocks between `front_prev` and
@@ -304,9 +330,29 @@ impl BlockPool {
         let mut taken = 0u32;
         for run in path.runs(self.block_size, n) {
             let slot = self.slot_of[&run.stream] as usize;
+            let mut held = 0;
+            if !self.vllm {
+                let stream = &mut self.slots[slot];
+                if run.count == 0 {
+                    // (Nothing of this stream is touched.)
+                } else if stream.held > 0 {
+                    // A second holder: every count is written out.
+                    write_out_hold(&mut self.blocks, stream);
+                } else if stream.queued > 0 || self.blocks[stream.at[0] as usize].ref_cnt == 0 {
+                    // (The stretch in progress is cut first: the held
+                    // prefix's ends are read from the links it leaves.)
+                    if s.front_prev != NOT_A_BLOCK {
+                        self.queue.cut(&mut self.blocks, s);
+                        s.front_prev = NOT_A_BLOCK;
+                    }
+                    held = take_held(&mut self.blocks, &mut self.queue, stream, run.count);
+                    taken += held;
+                }
+                self.slots[slot].queued = 0;
+            }
             let (queue, blocks) = (&mut self.queue, &mut self.blocks);
             let ids = &self.slots[slot].at[..run.count as usize];
-            let mut rest = ids;
+            let mut rest = &ids[held as usize..];
             while let Some((&id, after)) = rest.split_first() {
                 if id == s.front_prev {
                     // Just before the stretch's front: it grows, by this
@@ -518,6 +564,12 @@ impl BlockPool {
         let (blocks, queue, dups, vllm) =
             (&mut self.blocks, &mut self.queue, &mut self.dups, self.vllm);
         let s = &mut self.slots[slot as usize];
+        // Entries from `lo` on may be replaced: a held prefix reaching them
+        // is written out, and a queued one cut to end before them.
+        if s.held > lo {
+            write_out_hold(blocks, s);
+        }
+        s.queued = s.queued.min(lo);
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
         let mut added = 0u32;
         for ((&id, entry), index) in ids.iter().zip(at).zip(lo..) {
@@ -606,37 +658,58 @@ impl BlockPool {
         // `push_back` block by block, with the queue's tail and counts kept
         // in locals until the end, and a block's `next` written once: by the
         // block after it, or at the end for the last (the same links, fewer
-        // loads and stores).
-        let blocks = &mut self.blocks;
-        let (mut tail, mut freed, mut cached) = (self.queue.tail, 0u32, 0u32);
-        let mut rest = table.iter().rev();
-        if tail == NONE {
-            // An empty queue: the first block to reach zero is its head
-            // (so the loop below never tests for an empty queue).
-            if let Some(&id) = rest.by_ref().find(|&&id| blocks[id as usize].release(id)) {
-                let block = &mut blocks[id as usize];
-                cached += block.has_key() as u32;
-                block.prev = NONE;
-                self.queue.head = id;
-                (tail, freed) = (id, 1);
-            }
-        }
-        for &id in rest {
+        // loads and stores). A held prefix (its blocks' own counts 0) joins
+        // as the stretch it was cut out as, its inner links unchanged.
+        let BlockPool {
+            blocks,
+            slots,
+            queue,
+            ..
+        } = self;
+        let (mut tail, mut freed, mut cached) = (queue.tail, 0u32, 0u32);
+        let mut i = table.len();
+        while i > 0 {
+            i -= 1;
+            let id = table[i];
             let block = &mut blocks[id as usize];
-            if block.release(id) {
+            let back = if block.ref_cnt == 0 {
+                // The last block of a held prefix (tail first): the whole
+                // prefix is freed, in the order block by block would take.
+                let s = &mut slots[block.key_slot as usize];
+                let n = s.held;
+                debug_assert!(
+                    block.has_key() && block.key_index + 1 == n,
+                    "block {id} is held"
+                );
+                debug_assert_eq!(&table[i + 1 - n as usize..=i], &s.at[..n as usize]);
+                (s.held, s.queued) = (0, n);
+                i -= n as usize - 1;
+                freed += n;
+                cached += n;
+                s.at[0]
+            } else {
+                block.ref_cnt -= 1;
+                if block.ref_cnt > 0 {
+                    continue;
+                }
                 cached += block.has_key() as u32;
-                block.prev = tail;
-                blocks[tail as usize].next = id;
-                tail = id;
                 freed += 1;
+                id
+            };
+            blocks[id as usize].prev = tail;
+            if tail == NONE {
+                queue.head = id;
+            } else {
+                blocks[tail as usize].next = id;
             }
+            tail = back;
         }
         if freed > 0 {
             blocks[tail as usize].next = NONE;
         }
-        self.queue.tail = tail;
-        self.queue.num_free += freed;
-        self.queue.num_free_cached += cached;
+        queue.tail = tail;
+        queue.num_free += freed;
+        queue.num_free_cached += cached;
     }
 
     /// vLLM 0.33 `BlockPool.free_blocks(reversed(blocks))`: blocks that
@@ -684,8 +757,10 @@ fn uncache_run(
     least: u32,
 ) {
     let s = &mut slots[slot as usize];
+    debug_assert!(s.held <= least, "a held block is evicted");
     s.count -= count;
     s.leading = s.leading.min(least);
+    s.queued = s.queued.min(least);
     if s.count == 0 {
         slot_of.remove(&s.stream);
         // Its index keeps its length and memory, every entry NONE: the
@@ -720,6 +795,49 @@ fn grow_stretch(blocks: &mut [Block], ids: &[BlockId], first: BlockId) -> (usize
         front_prev = b.prev;
     }
     (ids.len(), front_prev)
+}
+
+/// Makes the first blocks of `stream` (its first one free, or its first
+/// `queued` one free stretch) its held prefix: the leading ones of its
+/// first `count` that are one stretch of the queue, cut out of it at its
+/// two ends. Returns how many. Only the blocks past `queued` are looked at,
+/// each found by its id in the index (not by the link before it, which
+/// would make each look-up wait for the last).
+fn take_held(
+    blocks: &mut [Block],
+    queue: &mut FreeQueue,
+    stream: &mut StreamBlocks,
+    count: u32,
+) -> u32 {
+    let at = &stream.at[..count as usize];
+    debug_assert!(
+        (1..stream.queued as usize).all(|i| blocks[stream.at[i - 1] as usize].prev == stream.at[i]),
+        "the queued prefix is one stretch"
+    );
+    let mut k = (stream.queued as usize).clamp(1, at.len());
+    while k < at.len() && at[k] == blocks[at[k - 1] as usize].prev {
+        k += 1;
+    }
+    debug_assert!(at[..k].iter().all(|&b| blocks[b as usize].in_queue()));
+    let s = Stretch {
+        front_prev: blocks[at[k - 1] as usize].prev,
+        back_next: blocks[at[0] as usize].next,
+    };
+    queue.cut(blocks, s);
+    stream.held = k as u32;
+    stream.queued = 0;
+    k as u32
+}
+
+/// The held prefix of `stream` becomes counts of one on its blocks: a
+/// second holder or a change of its index needs them.
+#[cold]
+fn write_out_hold(blocks: &mut [Block], stream: &mut StreamBlocks) {
+    for &id in &stream.at[..stream.held as usize] {
+        debug_assert_eq!(blocks[id as usize].ref_cnt, 0, "block {id} is held");
+        blocks[id as usize].ref_cnt = 1;
+    }
+    stream.held = 0;
 }
 
 /// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
@@ -872,6 +990,75 @@ mod tests {
         assert_eq!((pool.num_free(), pool.num_free_cached()), (4, 1));
     }
 
+    /// The stream's counts, for the tests: (held, queued).
+    fn held_queued(pool: &BlockPool, stream: u64) -> (u32, u32) {
+        pool.stream(stream).map_or((0, 0), |s| (s.held, s.queued))
+    }
+
+    #[test]
+    fn a_turn_holds_its_prefix_whole_and_frees_it_as_the_stretch_it_was() {
+        // 8 blocks; turn 1 of stream 1 caches 4 blocks in 0..4 and frees
+        // them tail first: queue 4, 5, 6, 7, 3, 2, 1, 0.
+        let mut pool = BlockPool::new(8, 16);
+        let path = BlockPath::stream(1);
+        let mut t1 = Vec::new();
+        pool.allocate(4, &mut t1);
+        pool.cache_blocks(&t1, &path, 0, 4);
+        pool.free(&t1);
+        assert_eq!(pool.free_queue(), vec![4, 5, 6, 7, 3, 2, 1, 0]);
+        // Turn 2 hits 3 blocks: 2, 1, 0 are one stretch (block 0 at the
+        // back, each one's link before it the next block), held as a whole:
+        // their own counts stay 0, the references are 1.
+        let mut t2 = Vec::new();
+        pool.touch_prefix(&path, 3, &mut t2);
+        assert_eq!(t2, vec![0, 1, 2]);
+        assert_eq!(pool.free_queue(), vec![4, 5, 6, 7, 3]);
+        assert_eq!(held_queued(&pool, 1), (3, 0));
+        assert_eq!(pool.blocks[1].ref_cnt, 0);
+        assert_eq!(
+            (0..4).map(|b| pool.ref_count(b)).collect::<Vec<_>>(),
+            [1, 1, 1, 0]
+        );
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (5, 1));
+        // It takes 2 new blocks, 4 and 5 (block 4 had no identity), as
+        // blocks 3 and 4 of the stream: block 3's old one (block 3, free)
+        // loses its identity.
+        pool.allocate(2, &mut t2);
+        pool.cache_blocks(&t2, &path, 3, 5);
+        assert_eq!(t2, vec![0, 1, 2, 4, 5]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 0));
+        // Freed tail first: 5, 4 one by one, then 2, 1, 0 as the stretch
+        // they left (queue 6, 7, 3, 5, 4, 2, 1, 0), the first 3 blocks
+        // known to be one stretch of the queue.
+        pool.free(&t2);
+        assert_eq!(pool.free_queue(), vec![6, 7, 3, 5, 4, 2, 1, 0]);
+        assert_eq!(held_queued(&pool, 1), (0, 3));
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (8, 5));
+        check_consistent(&pool);
+        // Turn 3 hits all 5: the 3 known ones are not looked at, blocks 4
+        // and 5 are checked (each is the link before the last) and held too.
+        let mut t3 = Vec::new();
+        pool.touch_prefix(&path, 5, &mut t3);
+        assert_eq!(held_queued(&pool, 1), (5, 0));
+        assert_eq!(pool.free_queue(), vec![6, 7, 3]);
+        // A second holder of the first 2: the counts are written out (1
+        // each), then its own reference added.
+        let mut other = Vec::new();
+        pool.touch_prefix(&path, 2, &mut other);
+        assert_eq!(held_queued(&pool, 1), (0, 0));
+        assert_eq!(
+            (0..6).map(|b| pool.ref_count(b)).collect::<Vec<_>>(),
+            [2, 2, 1, 0, 1, 1]
+        );
+        check_consistent(&pool);
+        // Freed one by one now, as before holds: 5, 4, 2 reach zero (queue
+        // 6, 7, 3, 5, 4, 2), then the other holder's 1, 0.
+        pool.free(&t3);
+        pool.free(&other);
+        assert_eq!(pool.free_queue(), vec![6, 7, 3, 5, 4, 2, 1, 0]);
+        check_consistent(&pool);
+    }
+
     #[test]
     fn a_hit_on_blocks_queued_front_to_back_cuts_each_stretch_after_the_last() {
         // Blocks 0 and 1 cache (5,0) and (5,1) in two tables freed in that
@@ -992,7 +1179,9 @@ mod tests {
             prev = id;
         }
         assert_eq!(pool.queue.tail, prev);
-        let unreferenced = pool.blocks.iter().filter(|b| b.ref_cnt == 0).count();
+        let unreferenced = (0..pool.num_blocks())
+            .filter(|&id| pool.ref_count(id) == 0)
+            .count();
         assert_eq!(
             unreferenced,
             queue.len(),
@@ -1016,6 +1205,21 @@ mod tests {
             for (i, &id) in s.at.iter().enumerate().filter(|(_, b)| **b != NONE) {
                 let b = &pool.blocks[id as usize];
                 assert_eq!((b.key_slot, b.key_index), (slot, i as u32), "block {id}");
+            }
+            // A held prefix: its blocks' own counts 0, out of the queue. A
+            // queued one: free, one stretch, block 0 nearest the back.
+            assert!(
+                s.held == 0 || s.queued == 0,
+                "stream {stream} held and queued"
+            );
+            for &id in &s.at[..s.held as usize] {
+                assert_eq!(pool.blocks[id as usize].ref_cnt, 0, "held block {id}");
+            }
+            for i in 0..s.queued as usize {
+                assert!(pool.blocks[s.at[i] as usize].in_queue());
+                if i > 0 {
+                    assert_eq!(pool.blocks[s.at[i - 1] as usize].prev, s.at[i]);
+                }
             }
         }
         for (id, b) in pool.blocks.iter().enumerate().filter(|(_, b)| b.has_key()) {
