@@ -424,11 +424,16 @@ impl BlockPool {
 
     /// Takes the first `out.len()` blocks of the queue into `out`, each
     /// with one reference, evicting their identities: returns the block
-    /// after them and how many were cached. Consecutive evictions are
-    /// nearly always of one stream (a request's blocks are freed together),
-    /// so a stream's count and cached prefix are updated once for each run
-    /// of them, as evicting them one by one ([`Self::uncache`]) would leave
-    /// them.
+    /// after them and how many were cached.
+    ///
+    /// A cached block is nearly always followed in the queue by the blocks
+    /// of its stream before it, freed with it tail first. So the blocks
+    /// that follow are counted first by comparing each one's link with the
+    /// stream's index, each found by its id there (walking the links, each
+    /// look-up of a cold block would wait for the one before), then taken as
+    /// one run: their entries cleared, the stream's count and cached prefix
+    /// updated once, as evicting them one by one ([`Self::uncache`]) would
+    /// leave them.
     fn take_front(&mut self, out: &mut [BlockId]) -> (BlockId, u32) {
         let BlockPool {
             blocks,
@@ -440,36 +445,36 @@ impl BlockPool {
         } = self;
         let mut id = queue.head;
         let mut evicted = 0u32;
-        // The run of evictions in progress: its slot (NONE: none yet), how
-        // many, the least index, and the slot's entries (kept borrowed: the
-        // compiler would load them again for each block).
-        let (mut slot, mut count, mut least) = (NONE, 0u32, NONE);
-        let mut at: &mut [BlockId] = &mut [];
-        for entry in out {
+        let mut i = 0;
+        while i < out.len() {
             let b = &mut blocks[id as usize];
-            let next = b.next;
             b.ref_cnt = 1;
-            if b.has_key() {
-                let (this, index) = (b.key_slot, b.key_index);
-                b.key_index = NONE;
-                if this != slot {
-                    if count > 0 {
-                        uncache_run(slots, slot_of, free_slots, slot, count, least);
-                        evicted += count;
-                    }
-                    (slot, count, least) = (this, 0, NONE);
-                    at = &mut slots[slot as usize].at;
-                }
-                at[index as usize] = NONE;
-                count += 1;
-                least = least.min(index);
+            if !b.has_key() {
+                out[i] = id;
+                i += 1;
+                id = b.next;
+                continue;
             }
-            *entry = id;
-            id = next;
-        }
-        if count > 0 {
-            uncache_run(slots, slot_of, free_slots, slot, count, least);
-            evicted += count;
+            let (slot, top) = (b.key_slot, b.key_index as usize);
+            let at = &mut slots[slot as usize].at;
+            debug_assert_eq!(at[top], id, "the index names the block");
+            let limit = (out.len() - i).min(top + 1);
+            let mut k = 1;
+            while k < limit && blocks[at[top + 1 - k] as usize].next == at[top - k] {
+                k += 1;
+            }
+            let lo = top + 1 - k;
+            for (entry, &taken) in out[i..i + k].iter_mut().zip(at[lo..=top].iter().rev()) {
+                let b = &mut blocks[taken as usize];
+                b.ref_cnt = 1;
+                b.key_index = NONE;
+                *entry = taken;
+            }
+            id = blocks[at[lo] as usize].next;
+            at[lo..=top].fill(NONE);
+            uncache_run(slots, slot_of, free_slots, slot, k as u32, lo as u32);
+            evicted += k as u32;
+            i += k;
         }
         (id, evicted)
     }
@@ -1056,6 +1061,41 @@ mod tests {
         pool.free(&t3);
         pool.free(&other);
         assert_eq!(pool.free_queue(), vec![6, 7, 3, 5, 4, 2, 1, 0]);
+        check_consistent(&pool);
+    }
+
+    #[test]
+    fn allocation_takes_a_streams_blocks_freed_together_as_one_run() {
+        // Stream 1 in blocks 0..3, stream 2 in 3..6, freed in that order:
+        // queue 6, 7, 2, 1, 0, 5, 4, 3.
+        let mut pool = BlockPool::new(8, 16);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        pool.allocate(3, &mut a);
+        pool.cache_blocks(&a, &BlockPath::stream(1), 0, 3);
+        pool.allocate(3, &mut b);
+        pool.cache_blocks(&b, &BlockPath::stream(2), 0, 3);
+        pool.free(&a);
+        pool.free(&b);
+        assert_eq!(pool.free_queue(), vec![6, 7, 2, 1, 0, 5, 4, 3]);
+        // A hit on stream 2's block 0 (block 3) and a block taken (6) and
+        // freed before it: queue 7, 2, 1, 0, 5, 4, 6, 3.
+        let (mut hit, mut c) = (Vec::new(), Vec::new());
+        pool.touch_prefix(&BlockPath::stream(2), 1, &mut hit);
+        pool.allocate(1, &mut c);
+        pool.free(&c);
+        pool.free(&hit);
+        assert_eq!(pool.free_queue(), vec![7, 2, 1, 0, 5, 4, 6, 3]);
+        // 7 blocks: 7 (no identity); stream 1's 2, 1, 0 as one run (its
+        // blocks 2, 1, 0 in the index follow one another in the queue):
+        // nothing of it is cached after; stream 2's 5, 4, where the run
+        // stops (6, not its block 0, follows 4); 6. Stream 2 keeps block 0.
+        c.clear();
+        assert!(pool.allocate(7, &mut c));
+        assert_eq!(c, vec![7, 2, 1, 0, 5, 4, 6]);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(1), 3), 0);
+        assert_eq!(pool.cached_prefix_blocks(&BlockPath::stream(2), 3), 1);
+        assert_eq!(pool.free_queue(), vec![3]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (1, 1));
         check_consistent(&pool);
     }
 
