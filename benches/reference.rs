@@ -4,6 +4,10 @@
 //!     cargo bench --bench reference            # horizon 10 000 s, seed 1
 //!     cargo bench --bench reference -- 3600 5  # horizon, seed
 
+// The allocator of the command-line binary (ecs/main.rs), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 

@@ -7,6 +7,10 @@
 //! `PDSIM_SET='key=value;key=value'` applies any `--set` overrides, e.g.
 //! `PDSIM_SET='router.decode.scorers.0.script=/tmp/my-scorer.rhai'`.
 
+// The allocator of the command-line binary (ecs/main.rs), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 

@@ -11,6 +11,10 @@
 //! includes reading the trace. The synthetic run is the reference workload
 //! for 11 500 s with no warm-up (about as many requests).
 
+// The allocator of the command-line binary (ecs/main.rs), so the figures are its.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::Path;
 use std::time::Instant;
 
