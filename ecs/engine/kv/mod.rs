@@ -82,8 +82,9 @@ const _: () = assert!(std::mem::size_of::<Block>() == 20);
 /// block-by-block work would leave it:
 ///
 /// * `held`: the first `held` blocks are referenced once, by one table,
-///   without their own counts saying so (theirs stay 0). A second holder, or
-///   a newer copy replacing one of them, writes the counts out first.
+///   without their own counts saying so (theirs stay 0); that table's new
+///   blocks join it as they are cached. A second holder, or a newer copy
+///   replacing one of them, writes the counts out first.
 /// * `queued`: the first `queued` blocks are free and one stretch of the
 ///   queue, block 0 nearest the back (each block's `prev` is the next
 ///   block's id), as a table freed tail first leaves them. Any of them
@@ -523,10 +524,17 @@ impl BlockPool {
             // the prefix ends at the first gap at or after where it ended).
             let (lo, hi) = (from.max(run.first) - run.first, end - run.first);
             self.size_index(slot, hi);
+            // The new blocks may join the stream's held prefix when this
+            // table holds it (only the holder's table has its blocks) or
+            // when it starts here.
+            let st = &self.slots[slot as usize];
+            let holder =
+                !self.vllm && st.held == lo && (lo == 0 || table[run.first as usize] == st.at[0]);
             self.cache_run(
                 &table[(run.first + lo) as usize..(run.first + hi) as usize],
                 slot,
                 lo,
+                holder,
             );
             // Every index in lo..hi now names a block: a prefix that
             // reached lo runs on to hi at least, without looking at them.
@@ -540,7 +548,7 @@ impl BlockPool {
 
     fn cache_in_slot(&mut self, id: BlockId, slot: u32, index: u32) {
         self.size_index(slot, index + 1);
-        self.cache_run(&[id], slot, index);
+        self.cache_run(&[id], slot, index, false);
         self.lengthen_prefix(slot);
     }
 
@@ -565,7 +573,13 @@ impl BlockPool {
     /// (its index long enough), the cached prefix left to the caller to
     /// lengthen: the stream's index entries walked along the blocks, the
     /// slot and the semantics looked up once, its count added once.
-    fn cache_run(&mut self, ids: &[BlockId], slot: u32, lo: u32) {
+    ///
+    /// With `holder` (the table caching them holds the stream's first `lo`
+    /// blocks, or `lo` is 0), new blocks that only this table references
+    /// join the held prefix: their counts become the prefix's, and each is
+    /// linked to the block before it as the stretch the prefix is freed as,
+    /// so freeing the table frees them with it, as one stretch.
+    fn cache_run(&mut self, ids: &[BlockId], slot: u32, lo: u32, holder: bool) {
         let (blocks, queue, dups, vllm) =
             (&mut self.blocks, &mut self.queue, &mut self.dups, self.vllm);
         let s = &mut self.slots[slot as usize];
@@ -575,11 +589,16 @@ impl BlockPool {
             write_out_hold(blocks, s);
         }
         s.queued = s.queued.min(lo);
+        // The held prefix grows while each block joins it; `below` is the
+        // block before the next one.
+        let (mut join, mut held) = (holder, s.held);
+        let mut below = if lo > 0 { s.at[lo as usize - 1] } else { NONE };
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
         let mut added = 0u32;
         for ((&id, entry), index) in ids.iter().zip(at).zip(lo..) {
             let b = &mut blocks[id as usize];
             if b.key_index == index && b.key_slot == slot {
+                join = false;
                 continue;
             }
             debug_assert!(!b.has_key(), "block {id} already cached");
@@ -601,6 +620,15 @@ impl BlockPool {
             let old = std::mem::replace(entry, id);
             if old == NONE {
                 added += 1;
+                if join && b.ref_cnt == 1 {
+                    debug_assert_eq!(index, held, "the held prefix grows by its next block");
+                    (b.ref_cnt, b.next) = (0, below);
+                    if below != NONE {
+                        blocks[below as usize].prev = id;
+                    }
+                    (held, below) = (held + 1, id);
+                    continue;
+                }
             } else {
                 let b = &mut blocks[old as usize];
                 b.key_index = NONE;
@@ -608,8 +636,10 @@ impl BlockPool {
                     queue.num_free_cached -= 1;
                 }
             }
+            join = false;
         }
         s.count += added;
+        s.held = held;
     }
 
     /// vLLM 0.33 (`BlockPool._maybe_evict_cached_block` →
@@ -1061,6 +1091,47 @@ mod tests {
         pool.free(&t3);
         pool.free(&other);
         assert_eq!(pool.free_queue(), vec![6, 7, 3, 5, 4, 2, 1, 0]);
+        check_consistent(&pool);
+    }
+
+    #[test]
+    fn a_tables_new_blocks_join_its_held_prefix_as_they_are_cached() {
+        // 8 blocks; A takes 0, 1, 2 and caches its 2 full blocks: stream 1
+        // starts there, so they are its held prefix (A alone holds them).
+        let mut pool = BlockPool::new(8, 16);
+        let path = BlockPath::stream(1);
+        let mut a = Vec::new();
+        pool.allocate(3, &mut a);
+        pool.cache_blocks(&a, &path, 0, 2);
+        assert_eq!(held_queued(&pool, 1), (2, 0));
+        assert_eq!((pool.blocks[1].ref_cnt, pool.ref_count(1)), (0, 1));
+        // Block 2 fills (a decode): A holds the first 2, so it joins them.
+        pool.cache_blocks(&a, &path, 2, 3);
+        assert_eq!(held_queued(&pool, 1), (3, 0));
+        // B, another table, takes 3..7 and caches its block 3 as the
+        // stream's block 3 (block 6): B does not hold the prefix, so block
+        // 6 keeps its own count; A's own block 3 (block 7, taken next)
+        // replaces it and does not join either (the index named a block).
+        let mut b = Vec::new();
+        pool.allocate(4, &mut b);
+        pool.cache_blocks(&b, &path, 3, 4);
+        pool.allocate(1, &mut a);
+        pool.cache_blocks(&a, &path, 3, 4);
+        assert_eq!(a, vec![0, 1, 2, 7]);
+        assert_eq!(held_queued(&pool, 1), (3, 0));
+        assert_eq!(
+            (0..8).map(|b| pool.ref_count(b)).collect::<Vec<_>>(),
+            [1; 8]
+        );
+        check_consistent(&pool);
+        // A freed tail first: block 7 by itself, then 2, 1, 0 as the one
+        // stretch they were linked as (queue 7, 2, 1, 0); B's 6, 5, 4, 3.
+        pool.free(&a);
+        assert_eq!(pool.free_queue(), vec![7, 2, 1, 0]);
+        assert_eq!(held_queued(&pool, 1), (0, 3));
+        pool.free(&b);
+        assert_eq!(pool.free_queue(), vec![7, 2, 1, 0, 6, 5, 4, 3]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (8, 4));
         check_consistent(&pool);
     }
 
