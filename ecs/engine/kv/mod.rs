@@ -349,7 +349,12 @@ impl BlockPool {
                     held = take_held(&mut self.blocks, &mut self.queue, stream, run.count);
                     taken += held;
                 }
-                self.slots[slot].queued = 0;
+                // (A queued prefix always became the held one: its first
+                // block is free.)
+                debug_assert_eq!(
+                    self.slots[slot].queued, 0,
+                    "the touched stream is not queued"
+                );
             }
             let (queue, blocks) = (&mut self.queue, &mut self.blocks);
             let ids = &self.slots[slot].at[..run.count as usize];
@@ -1030,15 +1035,21 @@ mod tests {
         pool.stream(stream).map_or((0, 0), |s| (s.held, s.queued))
     }
 
+    /// A new table of `n` blocks, cached as the first `n` of `stream`.
+    fn cached_table(pool: &mut BlockPool, n: u32, stream: u64) -> Vec<BlockId> {
+        let mut table = Vec::new();
+        assert!(pool.allocate(n, &mut table));
+        pool.cache_blocks(&table, &BlockPath::stream(stream), 0, n);
+        table
+    }
+
     #[test]
     fn a_turn_holds_its_prefix_whole_and_frees_it_as_the_stretch_it_was() {
         // 8 blocks; turn 1 of stream 1 caches 4 blocks in 0..4 and frees
         // them tail first: queue 4, 5, 6, 7, 3, 2, 1, 0.
         let mut pool = BlockPool::new(8, 16);
         let path = BlockPath::stream(1);
-        let mut t1 = Vec::new();
-        pool.allocate(4, &mut t1);
-        pool.cache_blocks(&t1, &path, 0, 4);
+        let t1 = cached_table(&mut pool, 4, 1);
         pool.free(&t1);
         assert_eq!(pool.free_queue(), vec![4, 5, 6, 7, 3, 2, 1, 0]);
         // Turn 2 hits 3 blocks: 2, 1, 0 are one stretch (block 0 at the
@@ -1140,11 +1151,8 @@ mod tests {
         // Stream 1 in blocks 0..3, stream 2 in 3..6, freed in that order:
         // queue 6, 7, 2, 1, 0, 5, 4, 3.
         let mut pool = BlockPool::new(8, 16);
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        pool.allocate(3, &mut a);
-        pool.cache_blocks(&a, &BlockPath::stream(1), 0, 3);
-        pool.allocate(3, &mut b);
-        pool.cache_blocks(&b, &BlockPath::stream(2), 0, 3);
+        let a = cached_table(&mut pool, 3, 1);
+        let b = cached_table(&mut pool, 3, 2);
         pool.free(&a);
         pool.free(&b);
         assert_eq!(pool.free_queue(), vec![6, 7, 2, 1, 0, 5, 4, 3]);
