@@ -462,10 +462,14 @@ impl BlockPool {
                 continue;
             }
             let (slot, top) = (b.key_slot, b.key_index as usize);
-            let at = &mut slots[slot as usize].at;
+            let StreamBlocks { at, queued, .. } = &mut slots[slot as usize];
             debug_assert_eq!(at[top], id, "the index names the block");
             let limit = (out.len() - i).min(top + 1);
-            let mut k = 1;
+            // Within the stream's queued prefix the blocks are known to
+            // follow one another (the common case: a session's blocks
+            // freed together); past it each link is compared.
+            let mut k = if top < *queued as usize { limit } else { 1 };
+            debug_assert!((1..k).all(|k| blocks[at[top + 1 - k] as usize].next == at[top - k]));
             while k < limit && blocks[at[top + 1 - k] as usize].next == at[top - k] {
                 k += 1;
             }
