@@ -35,7 +35,13 @@ use crate::router::policy::views::{PodView, ReqView};
 /// A value during an evaluation. Arrays live in the evaluation's arena and
 /// are named by their place there; a pod is named by its position among
 /// the hook's `pods` argument.
+///
+/// The tag is a whole word (`repr(u64)`): with a byte tag, rustc copied a
+/// value as bytes 1..16 in pieces of 8, 4, 2 and 1, and reading its number
+/// (bytes 8..16) back across two of those stores stalled the load each
+/// time; a decision took twice as long (`cargo bench --bench routing`).
 #[derive(Clone, Copy, Debug)]
+#[repr(u64)]
 enum V {
     Unit,
     Bool(bool),
@@ -53,6 +59,10 @@ enum V {
     Scores,
     Arr(u32),
 }
+
+// Two words, and a result of one as well (in the tag's spare values).
+const _: () = assert!(std::mem::size_of::<V>() == 16);
+const _: () = assert!(std::mem::size_of::<R<V>>() == 16);
 
 impl V {
     /// A number's value as a float (an int converted as rhai converts it).
