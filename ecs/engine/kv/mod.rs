@@ -469,7 +469,7 @@ impl BlockPool {
             // follow one another (the common case: a session's blocks
             // freed together); past it each link is compared.
             let mut k = if top < *queued as usize { limit } else { 1 };
-            debug_assert!((1..k).all(|k| blocks[at[top + 1 - k] as usize].next == at[top - k]));
+            debug_assert!((1..k).all(|j| blocks[at[top + 1 - j] as usize].next == at[top - j]));
             while k < limit && blocks[at[top + 1 - k] as usize].next == at[top - k] {
                 k += 1;
             }

@@ -39,7 +39,8 @@ use crate::router::policy::views::{PodView, ReqView};
 /// The tag is a whole word (`repr(u64)`): with a byte tag, rustc copied a
 /// value as bytes 1..16 in pieces of 8, 4, 2 and 1, and reading its number
 /// (bytes 8..16) back across two of those stores stalled the load each
-/// time; a decision took twice as long (`cargo bench --bench routing`).
+/// time; a decision took about 1.5 times as long (`cargo bench --bench
+/// routing`).
 #[derive(Clone, Copy, Debug)]
 #[repr(u64)]
 enum V {
