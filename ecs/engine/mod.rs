@@ -149,8 +149,10 @@ pub struct Engine {
     /// tokens (from which the run's step ends are worked out).
     pub step_start: f64,
     step_kv: u64,
-    /// Bumped whenever the booked end of the step in progress changes.
-    pub generation: u64,
+    /// Bumped whenever the booked end of the step in progress changes
+    /// (wrapping: only compared for equality with the generation a step
+    /// end was booked at, which is at most a few steps old).
+    pub generation: u32,
     /// Whether runs of identical decode steps may be booked as one.
     pub repeat_steps: bool,
     /// Whether such runs may continue past block boundaries without the
@@ -346,7 +348,7 @@ impl Engine {
         self.lagging = false;
         self.busy_until = None;
         self.repeat = 1;
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         self.dirty = false;
         self.undelivered_reads.clear();
         self.undelivered_frees.clear();

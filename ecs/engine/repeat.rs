@@ -102,7 +102,7 @@ impl Engine {
         self.repeat = k;
         let t = self.run_boundary(k);
         self.busy_until = Some(t);
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         Some(t)
     }
 }
@@ -302,7 +302,7 @@ impl Engine {
             end = self.book_run_ends();
         }
         self.busy_until = Some(end);
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         self.continued_steps += 1;
         Some(end)
     }

@@ -34,7 +34,7 @@ impl Engine {
         }
         self.continuable &= log.preempted.is_empty();
         self.busy_until = Some(end);
-        self.generation += 1;
+        self.generation = self.generation.wrapping_add(1);
         Some(end)
     }
 

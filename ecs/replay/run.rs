@@ -24,7 +24,7 @@ type Scheduled = (u64, u32, u32);
 /// of every request each tick would make a long trace quadratic).
 #[derive(Resource, Default)]
 struct ReplayLog {
-    generation: HashMap<Entity, u64>,
+    generation: HashMap<Entity, u32>,
     /// Steps in formation order.
     formed: Vec<(Entity, Vec<Scheduled>)>,
     parked: HashMap<u64, f64>,

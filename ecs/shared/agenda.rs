@@ -26,7 +26,7 @@ pub enum Event {
     FlowDone { generation: u64 },
     /// An engine's step ends (stale when the engine's step generation moved
     /// on: a run of repeated steps was cut short).
-    StepEnd(Entity, u64),
+    StepEnd(Entity, u32),
     /// A fault starts (`start`) or ends (index into the scenario's faults).
     Fault { index: u32, start: bool },
     /// The router learns that pod `pod` (prefillers first) is down or up.
@@ -39,6 +39,10 @@ pub enum Event {
     /// the prefiller.
     Registration(Entity),
 }
+
+// Sixteen bytes (a step end's generation is 32 bits): an event passes in
+// two registers, and an agenda entry is 32 bytes.
+const _: () = assert!(std::mem::size_of::<Event>() == 16);
 
 impl Event {
     /// The system that handles it, in tick order.
@@ -325,7 +329,7 @@ mod tests {
         for i in 0..400u32 {
             let time = (i / 4) as f64 * 0.5 + ((i * 7) % 5) as f64 * 0.5;
             let event = match i % 3 {
-                0 => Event::StepEnd(e(i), i as u64),
+                0 => Event::StepEnd(e(i), i),
                 1 => Event::NextTurn(e(i)),
                 _ => Event::ReadStart(e(i)),
             };

@@ -25,7 +25,7 @@ pub struct TickEvents {
     pub trace_arrivals: Vec<u32>,
     pub read_starts: Vec<Entity>,
     pub flow_done: Vec<u64>,
-    pub step_ends: Vec<(Entity, u64)>,
+    pub step_ends: Vec<(Entity, u32)>,
     pub faults: Vec<(u32, bool)>,
     pub router_learns: Vec<(u32, bool)>,
     pub prefill_retries: Vec<Entity>,
