@@ -150,8 +150,9 @@ pub struct Engine {
     pub step_start: f64,
     step_kv: u64,
     /// Bumped whenever the booked end of the step in progress changes
-    /// (wrapping: only compared for equality with the generation a step
-    /// end was booked at, which is at most a few steps old).
+    /// (wrapping: it is only compared for equality with the one a pending
+    /// step end was booked at, and far fewer than 2^32 steps are formed
+    /// before that end is due).
     pub generation: u32,
     /// Whether runs of identical decode steps may be booked as one.
     pub repeat_steps: bool,
