@@ -13,6 +13,9 @@ use crate::shared::agenda::Event;
 pub struct Clock {
     pub now: f64,
     pub ticks: u64,
+    /// Of those, the ticks the loop's lone lane handed over itself, without
+    /// the agenda (a count for tests and profiles: no result depends on it).
+    pub lone_ticks: u64,
 }
 
 /// The events due at the current instant, sorted by the system that takes

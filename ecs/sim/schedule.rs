@@ -820,20 +820,56 @@ fn fast_ticks(
     scratch.may_start.clear();
     scratch.may_start.resize(index.len(), true);
     loop {
-        let now = clock.now;
+        let mut lane = Lane::Untouched;
         if stage == Stage::StepEnd {
             if due::faults(events, &faults) || due::routing(events, &gateway) {
                 return Some(0);
             }
-            end_steps(
-                now,
-                events,
-                &mut engines,
-                &mut reqs,
-                scratch,
-                handoffs,
-                finished,
-            );
+            // A continued run's step end alone, in a tick where nothing
+            // else has work: the lone lane takes it, and the ticks after it
+            // while they are the same.
+            let quiet = !(due::handoff(handoffs)
+                || due::retire(finished)
+                || due::post_reads(parked)
+                || due::bandwidth(&flows)
+                || due::failures(&failed))
+                && recorder.is_none();
+            if quiet && let Some(k) = lone_step_end(events, &index, &scratch.may_start) {
+                lane = lone_lane(
+                    k,
+                    horizon,
+                    (clock, events, deadlines, agenda),
+                    (&mut engines, &mut reqs, &index),
+                    (gauges, counters, trend),
+                );
+                if let Lane::Done | Lane::Stop = lane {
+                    // (Its engine is not dirty: its step is formed.)
+                    scratch.may_start[k] = false;
+                    if lane == Lane::Stop {
+                        return None;
+                    }
+                    match pop_tick(horizon, agenda, deadlines, events, clock) {
+                        None => return None,
+                        Some(false) => return Some(0),
+                        Some(true) => continue,
+                    }
+                }
+            }
+        }
+        let now = clock.now;
+        // (After the lane, `Ended`: its step end is applied already.)
+        if stage == Stage::StepEnd {
+            if lane == Lane::Untouched {
+                end_steps(
+                    now,
+                    events,
+                    &mut engines,
+                    &mut reqs,
+                    scratch,
+                    handoffs,
+                    finished,
+                );
+            }
             for &(e, _) in &events.step_ends {
                 scratch.may_start[index.position(e).expect("an engine")] = true;
             }
@@ -899,6 +935,88 @@ fn fast_ticks(
             Some(false) => return Some(0),
             Some(true) => {}
         }
+    }
+}
+
+/// What the lone lane ([`lone_lane`]) left of the tick in hand.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Lane {
+    /// Its ticks are done and the engine's next step end is booked: the
+    /// loop hands over the next tick.
+    Done,
+    /// The same, at the loop's backlog check: the loop stops there.
+    Stop,
+    /// Nothing of the tick in hand is done (its step end is not a
+    /// continued run's, or is stale).
+    Untouched,
+    /// The tick in hand ended a continued run, whose next step is not the
+    /// same step again: forming it is left to [`start_steps`].
+    Ended,
+}
+
+/// The engine (its position in the index) whose step end is the only
+/// event of the tick, when no other engine is marked to be looked at.
+fn lone_step_end(events: &TickEvents, index: &EngineIndex, may_start: &[bool]) -> Option<usize> {
+    let [(e, _)] = events.step_ends[..] else {
+        return None;
+    };
+    let k = index.position(e)?;
+    let others_idle = may_start.iter().enumerate().all(|(j, &m)| j == k || !m);
+    others_idle.then_some(k)
+}
+
+/// The lone lane: a tick whose only event ends engine `k`'s continued run
+/// at a block boundary (a lone request decoding, most ticks of a light
+/// load), run as the fast tick runs it — the run applied, the same step
+/// formed again, the engine's gauges read, observed — and so are the ticks
+/// after it while each would be that engine's next step end alone: its end
+/// comes before anything booked and any deadline (nothing the lane does
+/// books another event), by the horizon, and short of the loop's backlog
+/// check. Those step ends are handed over here, as [`pop_tick`] would hand
+/// them, without being booked: the last is booked as the lane stops, with
+/// the sequence number it would have had (nothing was booked in between).
+/// An exact shortcut: every other system has nothing to do in such a tick
+/// (the caller checked their queues, and nothing here fills them).
+fn lone_lane(
+    k: usize,
+    horizon: f64,
+    (clock, events, deadlines, agenda): (&mut Clock, &mut TickEvents, &Deadlines, &mut Agenda),
+    (engines, reqs, index): (
+        &mut Query<(&mut Engine, &mut KvPool)>,
+        &mut Query<&mut Request>,
+        &EngineIndex,
+    ),
+    (gauges, counters, trend): (&mut Gauges, &Counters, &mut InFlightTrend),
+) -> Lane {
+    let (e, mut generation) = events.step_ends[0];
+    let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
+    let first_other = match (agenda.next_time(), deadlines.next_time()) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(f64::INFINITY),
+    };
+    loop {
+        let now = clock.now;
+        // (As `end_steps` and `start_steps` take the step end.)
+        if engine.generation != generation || !engine.finish_continued(now, &mut kv.0, reqs) {
+            return Lane::Untouched;
+        }
+        let Some(end) = engine.continue_run(now, &mut kv.0, reqs) else {
+            return Lane::Ended;
+        };
+        generation = engine.generation;
+        gauges.engines[k] = EngineState::of(&engine, &kv);
+        observe(now, index, gauges, counters, trend);
+        let check = clock.ticks.is_multiple_of(CHECK_EVERY);
+        if check || end >= first_other || end > horizon {
+            agenda.schedule(end, Event::StepEnd(e, generation));
+            return if check { Lane::Stop } else { Lane::Done };
+        }
+        // The next tick, as `pop_tick` would hand it over.
+        events.step_ends[0] = (e, generation);
+        clock.now = end;
+        clock.ticks += 1;
+        clock.lone_ticks += 1;
+        SIM_TIME.store(end.to_bits(), std::sync::atomic::Ordering::Relaxed);
     }
 }
 

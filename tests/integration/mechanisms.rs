@@ -485,7 +485,8 @@ fn runs_continued_past_block_boundaries_give_the_same_report() {
             .map(|e| e.continued_steps)
             .sum();
         (report.wall_seconds, report.routing_seconds) = (0.0, 0.0);
-        (report, steps)
+        let lone = sim.world.resource::<pdsim::shared::Clock>().lone_ticks;
+        (report, steps, lone)
     };
     for (what, sc) in [
         ("tiny, 48 blocks", tiny("48")),
@@ -493,14 +494,24 @@ fn runs_continued_past_block_boundaries_give_the_same_report() {
         ("the reference, 1100 blocks", reference("1100")),
         ("the reference, 10000 blocks", reference("10000")),
     ] {
-        let (anew, none) = run(&sc, false);
-        let (continued, taken) = run(&sc, true);
+        let (anew, none, no_lane) = run(&sc, false);
+        let (continued, taken, lone) = run(&sc, true);
         assert_eq!(none, 0, "{what}: none continued when asked not to");
+        assert_eq!(
+            no_lane, 0,
+            "{what}: the lone lane only takes continued runs"
+        );
         assert!(
             taken * 4 > continued.ticks,
             "{what}: most ticks continue a run ({taken} of {} ticks)",
             continued.ticks
         );
         assert_eq!(anew.to_json(), continued.to_json(), "{what}");
+        // The lone lane hands over the ticks of a request decoding alone
+        // itself: on these light loads, most continued runs' ticks.
+        assert!(
+            lone * 2 > taken,
+            "{what}: the lone lane is taken ({lone} ticks of {taken} continued)"
+        );
     }
 }
