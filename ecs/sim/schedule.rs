@@ -479,6 +479,15 @@ impl Sim {
     }
 }
 
+/// The next instant something is due: the earliest event, or `deadline`
+/// (the earliest deadline) when that is sooner.
+fn next_instant(agenda: &Agenda, deadline: Option<f64>) -> Option<f64> {
+    match (agenda.next_time(), deadline) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Ticks between two checks of the backlog ([`Sim::run`]).
 const CHECK_EVERY: u64 = 1024;
 
@@ -494,10 +503,7 @@ fn pop_tick(
     clock: &mut Clock,
 ) -> Option<bool> {
     let deadline = deadlines.next_time();
-    let t = match (agenda.next_time(), deadline) {
-        (Some(a), Some(b)) => a.min(b),
-        (a, b) => a.or(b)?,
-    };
+    let t = next_instant(agenda, deadline)?;
     if t > horizon {
         return None;
     }
@@ -786,8 +792,9 @@ enum Stage {
 /// of a fast tick's cost. It stops at the loop's
 /// next backlog check (a tick count that is a multiple of [`CHECK_EVERY`]),
 /// at an error, at the horizon, and at a tick that is not all step ends.
-/// Returns where the list takes over the last tick (None: that tick is
-/// done).
+/// A tick whose one event ends a continued run, where nothing else has
+/// work, is taken by the lone lane ([`lone_lane`]). Returns where the list
+/// takes over the last tick (None: that tick is done).
 fn fast_ticks(
     state: &mut SystemState<FastTickParams>,
     world: &mut World,
@@ -842,10 +849,10 @@ fn fast_ticks(
                     (&mut engines, &mut reqs, &index),
                     (gauges, counters, trend),
                 );
-                if let Lane::Done | Lane::Stop = lane {
+                if lane == Lane::Done {
                     // (Its engine is not dirty: its step is formed.)
                     scratch.may_start[k] = false;
-                    if lane == Lane::Stop {
+                    if clock.ticks.is_multiple_of(CHECK_EVERY) {
                         return None;
                     }
                     match pop_tick(horizon, agenda, deadlines, events, clock) {
@@ -942,10 +949,8 @@ fn fast_ticks(
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Lane {
     /// Its ticks are done and the engine's next step end is booked: the
-    /// loop hands over the next tick.
+    /// loop hands over the next tick (or stops at its backlog check).
     Done,
-    /// The same, at the loop's backlog check: the loop stops there.
-    Stop,
     /// Nothing of the tick in hand is done (its step end is not a
     /// continued run's, or is stale).
     Untouched,
@@ -990,10 +995,7 @@ fn lone_lane(
 ) -> Lane {
     let (e, mut generation) = events.step_ends[0];
     let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
-    let first_other = match (agenda.next_time(), deadlines.next_time()) {
-        (Some(a), Some(b)) => a.min(b),
-        (a, b) => a.or(b).unwrap_or(f64::INFINITY),
-    };
+    let first_other = next_instant(agenda, deadlines.next_time()).unwrap_or(f64::INFINITY);
     loop {
         let now = clock.now;
         // (As `end_steps` and `start_steps` take the step end.)
@@ -1006,10 +1008,9 @@ fn lone_lane(
         generation = engine.generation;
         gauges.engines[k] = EngineState::of(&engine, &kv);
         observe(now, index, gauges, counters, trend);
-        let check = clock.ticks.is_multiple_of(CHECK_EVERY);
-        if check || end >= first_other || end > horizon {
+        if clock.ticks.is_multiple_of(CHECK_EVERY) || end >= first_other || end > horizon {
             agenda.schedule(end, Event::StepEnd(e, generation));
-            return if check { Lane::Stop } else { Lane::Done };
+            return Lane::Done;
         }
         // The next tick, as `pop_tick` would hand it over.
         events.step_ends[0] = (e, generation);
