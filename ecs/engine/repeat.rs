@@ -22,6 +22,7 @@ use crate::engine::Engine;
 use crate::engine::cost::{StepTime, linear_of};
 use crate::engine::kv::BlockPool;
 use crate::engine::request::{Request, RequestStore};
+use crate::scenario::LinearCost;
 
 /// The longest run of identical steps (a bound; runs end well before it).
 pub(crate) const MAX_RUN: u32 = 1 << 16;
@@ -182,6 +183,19 @@ impl RunEntry {
     }
 }
 
+/// What a continued run's end at a block boundary came to
+/// ([`Engine::continue_past_boundary`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Boundary {
+    /// Not a run that continues: nothing changed (the caller finishes it).
+    NotContinued,
+    /// The run was applied, but its next step may differ: the caller forms
+    /// it.
+    Ended,
+    /// The run was applied and the same step booked again, ending then.
+    Next(f64),
+}
+
 /// Continued runs: most run ends are a block boundary of one request of
 /// the step, where the step-by-step engine applies the run, caches the
 /// block just filled, forms the same step again with one new block for
@@ -305,6 +319,169 @@ impl Engine {
         self.generation = self.generation.wrapping_add(1);
         self.continued_steps += 1;
         Some(end)
+    }
+
+    /// A continued run's end at a block boundary, where nothing else is
+    /// due on this engine (the loop's lone lane): [`Engine::finish_continued`]
+    /// then [`Engine::continue_run`], or for a step of one request (a
+    /// request decoding alone, most such ends) the same in one pass
+    /// ([`Engine::continue_alone`]).
+    pub(crate) fn continue_past_boundary(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> Boundary {
+        if self.step.len() == 1 {
+            return self.continue_alone(now, kv, reqs);
+        }
+        if !self.finish_continued(now, kv, reqs) {
+            return Boundary::NotContinued;
+        }
+        match self.continue_run(now, kv, reqs) {
+            Some(end) => Boundary::Next(end),
+            None => Boundary::Ended,
+        }
+    }
+
+    /// [`Engine::finish_continued`] then [`Engine::continue_run`] for a
+    /// step of one request: the request looked up once (to cache the block
+    /// it filled and take its next), and the ended run's token gaps
+    /// recorded in the same loop as the next run's step ends are worked
+    /// out. Each of the two is a chain of dependent additions (the
+    /// histogram's sums, the step's end time), so side by side they take
+    /// the time of one. The same gaps in the same order, the same blocks
+    /// cached and taken in the same order, the same run booked.
+    fn continue_alone(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> Boundary {
+        let repeat = self.repeat;
+        if !self.continuable || self.run_entries[0].left <= repeat {
+            return Boundary::NotContinued;
+        }
+        let mut e = self.run_entries[0];
+        // (As `finish_continued` applies the run, for one request.)
+        self.busy_until = None;
+        self.dirty = true;
+        self.steps += repeat as u64;
+        self.repeat = 1;
+        self.step_kv += repeat as u64;
+        let first_end = if repeat > 1 {
+            self.run_boundary(1)
+        } else {
+            now
+        };
+        self.itl_weights.iter_mut().for_each(|w| *w = 0);
+        if e.counted
+            && let Some(last) = e.last
+        {
+            crate::engine::observe::phase_hist(&mut self.itl, e.phase).record(first_end - last);
+        }
+        if repeat > 1 && e.counted {
+            crate::engine::observe::count_phase(&mut self.itl_weights, e.phase);
+        }
+        e.last = Some(now);
+        e.pending += repeat;
+        e.left -= repeat;
+        e.fit -= repeat;
+        let id = self.step[0].0;
+        if repeat > 1 && e.fit == 0 {
+            let r = reqs.req(id);
+            e.apply(r);
+            crate::engine::cache_full_blocks(kv, r, r.computed);
+        }
+        self.lagging = true;
+        // (As `continue_run` forms the same step again, for one request.)
+        let same_step = self.waiting.is_empty()
+            && self.ready.is_empty()
+            && self.running.len() == 1
+            && self.running[0] == id;
+        // Gaps recorded here unless they go side by side with the next
+        // run's ends below (its gaps counted, and a next run to book).
+        let StepTime::Linear(c) = self.cost else {
+            unreachable!("a continued run has a linear step time")
+        };
+        let counted = e.counted;
+        let record_now = |engine: &mut Engine, next: u32| {
+            if repeat > 1 && !(counted && next > 1) {
+                engine.record_run_gaps(repeat, now);
+            }
+        };
+        if !same_step || (e.fit == 0 && kv.num_free() == 0) {
+            self.run_entries[0] = e;
+            record_now(self, 0);
+            return Boundary::Ended;
+        }
+        self.dirty = false;
+        self.forming_at = now;
+        if e.fit <= 1 {
+            // (Nothing left to apply when the block it filled was cached
+            // above.)
+            let r = reqs.req(id);
+            e.apply(r);
+            let taken = crate::engine::scheduler::take_blocks(kv, r, 1);
+            debug_assert!(taken, "a free block was counted");
+            e.fit = r.blocks.len() as u32 * kv.block_size() - r.computed;
+        }
+        let next = MAX_RUN.min(e.fit.min(e.left));
+        self.run_entries[0] = e;
+        record_now(self, next);
+        self.step_start = now;
+        self.repeat = 1;
+        let mut end = now + crate::engine::cost::linear(&c, 1, self.step_kv);
+        if next > 1 {
+            self.repeat = next;
+            end = if repeat > 1 && e.counted {
+                self.gaps_and_ends(&c, repeat, next, now, e.phase)
+            } else {
+                self.book_run_ends()
+            };
+        }
+        self.busy_until = Some(end);
+        self.generation = self.generation.wrapping_add(1);
+        self.continued_steps += 1;
+        Boundary::Next(end)
+    }
+
+    /// The gaps between the `old` step ends of the run that ended at `now`
+    /// into the histogram of `phase` (one request's: weight 1), as
+    /// [`Engine::record_run_gaps`] records them, and the ends of the `next`
+    /// steps of a one-request run starting at `now`, as
+    /// [`Engine::book_run_ends`] works them out, in one loop: the run's
+    /// ends are read as gaps before each is overwritten. Returns the new
+    /// run's end.
+    fn gaps_and_ends(&mut self, c: &LinearCost, old: u32, next: u32, now: f64, phase: u32) -> f64 {
+        let (old, next) = (old as usize, next as usize);
+        let ends = &mut self.run_ends;
+        debug_assert_eq!(ends[old - 1], now, "the run ends where it was booked to");
+        debug_assert!(self.step_kv + (next as u64) < 1 << 53);
+        if ends.len() < next {
+            ends.resize(next, 0.0);
+        }
+        // (As `book_run_ends` for one token a step: `1 × a`, `kv + j`.)
+        let (compute, mut kv, mut t) = (c.a, self.step_kv as f64, now);
+        let mut gaps = crate::engine::observe::phase_hist(&mut self.itl, phase).each_n(1);
+        let both = (old - 1).min(next);
+        for j in 0..both {
+            gaps.push(ends[j + 1] - ends[j]);
+            t += linear_of(c, compute, kv);
+            kv += 1.0;
+            ends[j] = t;
+        }
+        for j in both..old - 1 {
+            gaps.push(ends[j + 1] - ends[j]);
+        }
+        for end in &mut ends[both..next] {
+            t += linear_of(c, compute, kv);
+            kv += 1.0;
+            *end = t;
+        }
+        gaps.finish();
+        ends.truncate(next);
+        t
     }
 
     /// Whether the step that just ended was a continued run's (its next

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use crate::engine::cost::StepTime;
 use crate::engine::record::{FinishedRequests, StepRecorder};
+use crate::engine::repeat::Boundary;
 use crate::engine::systems::{
     StepScratch, end_steps, start_steps, step_end_system, step_start_system,
 };
@@ -999,11 +1000,13 @@ fn lone_lane(
     loop {
         let now = clock.now;
         // (As `end_steps` and `start_steps` take the step end.)
-        if engine.generation != generation || !engine.finish_continued(now, &mut kv.0, reqs) {
+        if engine.generation != generation {
             return Lane::Untouched;
         }
-        let Some(end) = engine.continue_run(now, &mut kv.0, reqs) else {
-            return Lane::Ended;
+        let end = match engine.continue_past_boundary(now, &mut kv.0, reqs) {
+            Boundary::NotContinued => return Lane::Untouched,
+            Boundary::Ended => return Lane::Ended,
+            Boundary::Next(end) => end,
         };
         generation = engine.generation;
         gauges.engines[k] = EngineState::of(&engine, &kv);

@@ -7,4 +7,4 @@ pub mod buckets;
 pub mod histogram;
 
 pub use buckets::Buckets;
-pub use histogram::Histogram;
+pub use histogram::{EachN, Histogram};
