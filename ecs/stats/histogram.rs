@@ -15,7 +15,7 @@
 //! buckets an octave from its least value to its greatest, and at eight
 //! bytes a bucket the reference run's did not fit in a core's cache
 //! beside the KV pools, while each finished request records into ten of
-//! them at random places (README, Performance).
+//! them at random places (docs/performance.md).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;

@@ -168,7 +168,7 @@ pub fn load(source: &TraceSource) -> Result<Trace> {
         .map_err(|e| Error::new(format!("cannot read trace {}: {e}", path.display())))?;
     // 256 KiB at a time, not BufReader's 8: a trace of the peers' size is
     // 185 MB, and the read calls' own cost was a tenth of reading it
-    // (README, Performance).
+    // (docs/performance.md).
     let mut reader = std::io::BufReader::with_capacity(1 << 18, file);
     let format = match source.format {
         Some(f) => f,
