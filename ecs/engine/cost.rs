@@ -69,6 +69,43 @@ pub(crate) fn linear_of(c: &LinearCost, compute: f64, kv_tokens: f64) -> f64 {
     c.c0 + if memory > compute { memory } else { compute }
 }
 
+/// The step ends of a run of a linear model's identical decode steps, one
+/// at a time, as step-by-step simulation works them out: step j (from 0)
+/// decodes `tokens` tokens over `kv + j × tokens` of KV, and ends its cost
+/// after the step before.
+pub(crate) struct LinearEnds<'c> {
+    c: &'c LinearCost,
+    compute: f64,
+    step: f64,
+    kv: f64,
+    t: f64,
+}
+
+impl<'c> LinearEnds<'c> {
+    pub(crate) fn new(c: &'c LinearCost, tokens: u64, kv: u64, start: f64) -> LinearEnds<'c> {
+        // The KV in floating point, a step's tokens added each step: exact
+        // (and so `(kv + j × tokens) as f64`) while it is a whole number
+        // below 2^53: a run's KV is held in one pool, and validation keeps
+        // a pool below 2^32 tokens.
+        debug_assert!(kv + tokens * crate::engine::repeat::MAX_RUN as u64 <= 1 << 53);
+        LinearEnds {
+            c,
+            compute: tokens as f64 * c.a,
+            step: tokens as f64,
+            kv: kv as f64,
+            t: start,
+        }
+    }
+
+    /// The next step's end.
+    #[inline(always)]
+    pub(crate) fn next(&mut self) -> f64 {
+        self.t += linear_of(self.c, self.compute, self.kv);
+        self.kv += self.step;
+        self.t
+    }
+}
+
 impl Engine {
     /// The cost of the step just formed (`tokens` over `kv_tokens` of KV).
     pub(crate) fn formed_step_cost(

@@ -19,10 +19,9 @@
 //! and the blocks are the same as the run formed anew would give.
 
 use crate::engine::Engine;
-use crate::engine::cost::{StepTime, linear_of};
+use crate::engine::cost::{LinearEnds, StepTime};
 use crate::engine::kv::BlockPool;
 use crate::engine::request::{Request, RequestStore};
-use crate::scenario::LinearCost;
 
 /// The longest run of identical steps (a bound; runs end well before it).
 pub(crate) const MAX_RUN: u32 = 1 << 16;
@@ -57,18 +56,9 @@ impl Engine {
         let n = self.repeat as u64;
         match &self.cost {
             StepTime::Linear(c) => {
-                let (tokens, kv) = (self.step.len() as u64, self.step_kv);
-                // The KV in floating point, a step's tokens added each
-                // step: exact (and so `(kv + j × tokens) as f64`) while it
-                // is a whole number below 2^53: a run's KV is held in one
-                // pool, and validation keeps a pool below 2^32 tokens.
-                debug_assert!(kv + n * tokens < 1 << 53);
-                let (compute, step, mut kv) = (tokens as f64 * c.a, tokens as f64, kv as f64);
-                ends.extend((0..n).map(|_| {
-                    t += linear_of(c, compute, kv);
-                    kv += step;
-                    t
-                }));
+                let mut step_ends = LinearEnds::new(c, self.step.len() as u64, self.step_kv, t);
+                ends.extend((0..n).map(|_| step_ends.next()));
+                t = *ends.last().expect("a run has steps");
             }
             _ => ends.extend(self.run_costs[..n as usize].iter().map(|&cost| {
                 t += cost;
@@ -217,9 +207,27 @@ impl Engine {
         kv: &mut BlockPool,
         reqs: &mut impl RequestStore,
     ) -> bool {
+        let Some(repeat) = self.apply_continued(now, kv, reqs) else {
+            return false;
+        };
+        if repeat > 1 {
+            self.record_run_gaps(repeat, now);
+        }
+        true
+    }
+
+    /// [`Engine::finish_continued`] but for the run's later token gaps,
+    /// left to the caller: the run's length, or None (nothing changed).
+    #[inline(always)]
+    fn apply_continued(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> Option<u32> {
         let repeat = self.repeat;
         if !self.continuable || self.run_entries.iter().any(|e| e.left <= repeat) {
-            return false;
+            return None;
         }
         self.busy_until = None;
         self.dirty = true;
@@ -259,11 +267,8 @@ impl Engine {
                 crate::engine::cache_full_blocks(kv, r, r.computed);
             }
         }
-        if repeat > 1 {
-            self.record_run_gaps(repeat, now);
-        }
         self.lagging = true;
-        true
+        Some(repeat)
     }
 
     /// Forms the next step at `now` after [`Engine::finish_continued`]:
@@ -276,6 +281,19 @@ impl Engine {
         kv: &mut BlockPool,
         reqs: &mut impl RequestStore,
     ) -> Option<f64> {
+        let next = self.take_continued(now, kv, reqs)?;
+        Some(self.book_continued(now, next, None))
+    }
+
+    /// [`Engine::continue_run`] up to booking: the step's new blocks
+    /// taken, and the next run's length; or None, changing nothing.
+    #[inline(always)]
+    fn take_continued(
+        &mut self,
+        now: f64,
+        kv: &mut BlockPool,
+        reqs: &mut impl RequestStore,
+    ) -> Option<u32> {
         let same_step = self.waiting.is_empty()
             && self.ready.is_empty()
             && self.running.len() == self.step.len()
@@ -305,183 +323,105 @@ impl Engine {
             }
             repeat = repeat.min(e.fit.min(e.left));
         }
-        let tokens = self.step.len() as u64;
-        let duration = self.formed_step_cost(tokens, self.step_kv, reqs);
+        Some(repeat)
+    }
+
+    /// Books the step formed at `now` again, as a run of `next` steps, and
+    /// returns its end. With `gaps` (the ended run's length and its one
+    /// request's phase), that run's later token gaps are recorded in the
+    /// loop that works out the new run's ends ([`Engine::gaps_and_ends`]).
+    #[inline(always)]
+    fn book_continued(&mut self, now: f64, next: u32, gaps: Option<(u32, u32)>) -> f64 {
+        // (A continued run's step time is linear: `formed_step_cost`'s, and
+        // no run costs to book.)
+        let StepTime::Linear(c) = &self.cost else {
+            unreachable!("a continued run has a linear step time")
+        };
+        let duration = crate::engine::cost::linear(c, self.step.len() as u64, self.step_kv);
         self.step_start = now;
         self.repeat = 1;
         let mut end = now + duration;
-        if repeat > 1 {
-            self.book_run_costs(repeat, reqs);
-            self.repeat = repeat;
-            end = self.book_run_ends();
+        if next > 1 {
+            self.repeat = next;
+            end = match gaps {
+                Some((old, phase)) => self.gaps_and_ends(old, phase),
+                None => self.book_run_ends(),
+            };
         }
         self.busy_until = Some(end);
         self.generation = self.generation.wrapping_add(1);
         self.continued_steps += 1;
-        Some(end)
+        end
     }
 
     /// A continued run's end at a block boundary, where nothing else is
     /// due on this engine (the loop's lone lane): [`Engine::finish_continued`]
-    /// then [`Engine::continue_run`], or for a step of one request (a
-    /// request decoding alone, most such ends) the same in one pass
-    /// ([`Engine::continue_alone`]).
+    /// then [`Engine::continue_run`]. For a step of one request whose gaps
+    /// count (a request decoding alone, most such ends), the ended run's
+    /// later gaps are recorded in the loop that books the next run's ends:
+    /// each is a chain of dependent additions (the histogram's sums, the
+    /// step's end time), and side by side they take the time of one. The
+    /// gaps go to the engine's own histograms, which taking blocks does not
+    /// touch, so recording them after it changes nothing.
     pub(crate) fn continue_past_boundary(
         &mut self,
         now: f64,
         kv: &mut BlockPool,
         reqs: &mut impl RequestStore,
     ) -> Boundary {
-        if self.step.len() == 1 {
-            return self.continue_alone(now, kv, reqs);
-        }
-        if !self.finish_continued(now, kv, reqs) {
+        let Some(old) = self.apply_continued(now, kv, reqs) else {
             return Boundary::NotContinued;
+        };
+        let alone = old > 1 && self.step.len() == 1 && self.run_entries[0].counted;
+        let Some(next) = self.take_continued(now, kv, reqs) else {
+            if old > 1 {
+                self.record_run_gaps(old, now);
+            }
+            return Boundary::Ended;
+        };
+        let side_by_side = alone && next > 1;
+        if old > 1 && !side_by_side {
+            self.record_run_gaps(old, now);
         }
-        match self.continue_run(now, kv, reqs) {
-            Some(end) => Boundary::Next(end),
-            None => Boundary::Ended,
-        }
+        let gaps = side_by_side.then(|| (old, self.run_entries[0].phase));
+        Boundary::Next(self.book_continued(now, next, gaps))
     }
 
-    /// [`Engine::finish_continued`] then [`Engine::continue_run`] for a
-    /// step of one request: the request looked up once (to cache the block
-    /// it filled and take its next), and the ended run's token gaps
-    /// recorded in the same loop as the next run's step ends are worked
-    /// out. Each of the two is a chain of dependent additions (the
-    /// histogram's sums, the step's end time), so side by side they take
-    /// the time of one. The same gaps in the same order, the same blocks
-    /// cached and taken in the same order, the same run booked.
-    fn continue_alone(
-        &mut self,
-        now: f64,
-        kv: &mut BlockPool,
-        reqs: &mut impl RequestStore,
-    ) -> Boundary {
-        let repeat = self.repeat;
-        if !self.continuable || self.run_entries[0].left <= repeat {
-            return Boundary::NotContinued;
-        }
-        let mut e = self.run_entries[0];
-        // (As `finish_continued` applies the run, for one request.)
-        self.busy_until = None;
-        self.dirty = true;
-        self.steps += repeat as u64;
-        self.repeat = 1;
-        self.step_kv += repeat as u64;
-        let first_end = if repeat > 1 {
-            self.run_boundary(1)
-        } else {
-            now
-        };
-        self.itl_weights.iter_mut().for_each(|w| *w = 0);
-        if e.counted
-            && let Some(last) = e.last
-        {
-            crate::engine::observe::phase_hist(&mut self.itl, e.phase).record(first_end - last);
-        }
-        if repeat > 1 && e.counted {
-            crate::engine::observe::count_phase(&mut self.itl_weights, e.phase);
-        }
-        e.last = Some(now);
-        e.pending += repeat;
-        e.left -= repeat;
-        e.fit -= repeat;
-        let id = self.step[0].0;
-        if repeat > 1 && e.fit == 0 {
-            let r = reqs.req(id);
-            e.apply(r);
-            crate::engine::cache_full_blocks(kv, r, r.computed);
-        }
-        self.lagging = true;
-        // (As `continue_run` forms the same step again, for one request.)
-        let same_step = self.waiting.is_empty()
-            && self.ready.is_empty()
-            && self.running.len() == 1
-            && self.running[0] == id;
-        // Gaps recorded here unless they go side by side with the next
-        // run's ends below (its gaps counted, and a next run to book).
-        let StepTime::Linear(c) = self.cost else {
+    /// The gaps between the `old` step ends of the run that just ended
+    /// into the histogram of `phase` (one request's: weight 1), as
+    /// [`Engine::record_run_gaps`] records them, and the ends of the run
+    /// just booked (`self.repeat` steps of one request from
+    /// `self.step_start`), as [`Engine::book_run_ends`] works them out, in
+    /// one loop: each old end is read as a gap before it is overwritten.
+    /// Returns the new run's end.
+    fn gaps_and_ends(&mut self, old: u32, phase: u32) -> f64 {
+        let StepTime::Linear(c) = &self.cost else {
             unreachable!("a continued run has a linear step time")
         };
-        let counted = e.counted;
-        let record_now = |engine: &mut Engine, next: u32| {
-            if repeat > 1 && !(counted && next > 1) {
-                engine.record_run_gaps(repeat, now);
-            }
-        };
-        if !same_step || (e.fit == 0 && kv.num_free() == 0) {
-            self.run_entries[0] = e;
-            record_now(self, 0);
-            return Boundary::Ended;
-        }
-        self.dirty = false;
-        self.forming_at = now;
-        if e.fit <= 1 {
-            // (Nothing left to apply when the block it filled was cached
-            // above.)
-            let r = reqs.req(id);
-            e.apply(r);
-            let taken = crate::engine::scheduler::take_blocks(kv, r, 1);
-            debug_assert!(taken, "a free block was counted");
-            e.fit = r.blocks.len() as u32 * kv.block_size() - r.computed;
-        }
-        let next = MAX_RUN.min(e.fit.min(e.left));
-        self.run_entries[0] = e;
-        record_now(self, next);
-        self.step_start = now;
-        self.repeat = 1;
-        let mut end = now + crate::engine::cost::linear(&c, 1, self.step_kv);
-        if next > 1 {
-            self.repeat = next;
-            end = if repeat > 1 && e.counted {
-                self.gaps_and_ends(&c, repeat, next, now, e.phase)
-            } else {
-                self.book_run_ends()
-            };
-        }
-        self.busy_until = Some(end);
-        self.generation = self.generation.wrapping_add(1);
-        self.continued_steps += 1;
-        Boundary::Next(end)
-    }
-
-    /// The gaps between the `old` step ends of the run that ended at `now`
-    /// into the histogram of `phase` (one request's: weight 1), as
-    /// [`Engine::record_run_gaps`] records them, and the ends of the `next`
-    /// steps of a one-request run starting at `now`, as
-    /// [`Engine::book_run_ends`] works them out, in one loop: the run's
-    /// ends are read as gaps before each is overwritten. Returns the new
-    /// run's end.
-    fn gaps_and_ends(&mut self, c: &LinearCost, old: u32, next: u32, now: f64, phase: u32) -> f64 {
-        let (old, next) = (old as usize, next as usize);
+        let (old, next) = (old as usize, self.repeat as usize);
+        let mut step_ends = LinearEnds::new(c, 1, self.step_kv, self.step_start);
         let ends = &mut self.run_ends;
-        debug_assert_eq!(ends[old - 1], now, "the run ends where it was booked to");
-        debug_assert!(self.step_kv + (next as u64) < 1 << 53);
+        debug_assert_eq!(ends[old - 1], self.step_start, "the run ended as booked");
         if ends.len() < next {
             ends.resize(next, 0.0);
         }
-        // (As `book_run_ends` for one token a step: `1 × a`, `kv + j`.)
-        let (compute, mut kv, mut t) = (c.a, self.step_kv as f64, now);
         let mut gaps = crate::engine::observe::phase_hist(&mut self.itl, phase).each_n(1);
         let both = (old - 1).min(next);
         for j in 0..both {
             gaps.push(ends[j + 1] - ends[j]);
-            t += linear_of(c, compute, kv);
-            kv += 1.0;
-            ends[j] = t;
+            ends[j] = step_ends.next();
         }
         for j in both..old - 1 {
             gaps.push(ends[j + 1] - ends[j]);
         }
         for end in &mut ends[both..next] {
-            t += linear_of(c, compute, kv);
-            kv += 1.0;
-            *end = t;
+            *end = step_ends.next();
         }
         gaps.finish();
         ends.truncate(next);
-        t
+        // (As `record_run_gaps` leaves the exports' count.)
+        self.run_requests = 0;
+        ends[next - 1]
     }
 
     /// Whether the step that just ended was a continued run's (its next
