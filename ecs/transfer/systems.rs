@@ -25,7 +25,8 @@ pub fn transfer_system(
     mut flows: ResMut<Flows>,
     flow_q: Query<&Flow>,
     mut leases: Query<&mut Lease>,
-    mut engines: Query<(&mut Engine, &mut KvPool, &Nic)>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
+    nics: Query<&Nic>,
     mut reqs: Query<&mut Request>,
     mut agenda: ResMut<Agenda>,
     mut deadlines: ResMut<Deadlines>,
@@ -48,58 +49,17 @@ pub fn transfer_system(
             &scenario.0.faults,
         );
     }
-    if events.flow_done.contains(&flows.generation) {
-        flows.done.clear();
-        for &f in &flows.active {
-            if flow_q.get(f).expect("active flow").finish_at <= now {
-                flows.done.push(f);
-            }
-        }
-        flows.active.retain(|f| !flows.done.contains(f));
-        for i in 0..flows.done.len() {
-            let f = flows.done[i];
-            let flow = flow_q.get(f).expect("active flow");
-            for l in flow.links {
-                flows.per_link[l as usize] -= 1;
-            }
-            if let Some(s) = &mut flows.slices {
-                s.push(FlowSlice {
-                    request: reqs.get(flow.request).expect("transferring request").id,
-                    links: flow.links,
-                    tokens: flow.tokens,
-                    start: flow.started,
-                    end: now,
-                });
-            }
-            // The transfer is done when its last rank-to-rank flow is.
-            let lease_id = reqs.get(flow.request).expect("transferring request").lease;
-            let mut lease = leases
-                .get_mut(lease_id.expect("a transfer has a lease"))
-                .expect("lease");
-            lease.parts_left -= 1;
-            if lease.parts_left > 0 {
-                commands.entity(f).despawn();
-                continue;
-            }
-            for pod in flow.pods {
-                flows.per_pod[pod as usize] -= 1;
-            }
-            flows.completed += 1;
-            flows.completed_tokens += flow.tokens as u64;
-            complete(
-                flow.request,
-                now,
-                flows,
-                &mut commands,
-                &leases,
-                &mut engines,
-                &mut reqs,
-                &mut deadlines,
-            );
-            commands.entity(f).despawn();
-        }
-        flows.changed |= !flows.done.is_empty();
-    }
+    finish_flows(
+        now,
+        &events.flow_done,
+        flows,
+        |f| flow_q.get(f).expect("active flow"),
+        &mut leases,
+        &mut engines,
+        &mut reqs,
+        &mut deadlines,
+        &mut commands,
+    );
     for &request in &events.registrations {
         let Ok(mut r) = reqs.get_mut(request) else {
             continue;
@@ -136,14 +96,84 @@ pub fn transfer_system(
             continue;
         }
         r.read_started_at = Some(now);
-        let p = *engines
-            .get(r.prefiller.expect("remote"))
-            .expect("prefiller")
-            .2;
-        let d = *engines.get(r.decoder.expect("routed")).expect("decoder").2;
+        let p = *nics.get(r.prefiller.expect("remote")).expect("prefiller");
+        let d = *nics.get(r.decoder.expect("routed")).expect("decoder");
         let parts = flows.start(&mut commands, request, &p, &d, r.remote_tokens, now);
         leases.get_mut(lease_id).expect("lease").parts_left = parts;
     }
+}
+
+/// Flows whose completion is now end (`flow_done`: the rate generations
+/// their completions were booked at; an older generation's is stale): each
+/// releases its links, and a transfer whose last flow it was completes
+/// ([`complete`]). Returns whether any flow ended. (The loop's fast tick
+/// calls it too, for a tick of step ends and flow completions.)
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn finish_flows<'f>(
+    now: f64,
+    flow_done: &[u64],
+    flows: &mut Flows,
+    flow_of: impl Fn(Entity) -> &'f Flow,
+    leases: &mut Query<&mut Lease>,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
+    reqs: &mut Query<&mut Request>,
+    deadlines: &mut Deadlines,
+    commands: &mut Commands,
+) -> bool {
+    if !flow_done.contains(&flows.generation) {
+        return false;
+    }
+    flows.done.clear();
+    for &f in &flows.active {
+        if flow_of(f).finish_at <= now {
+            flows.done.push(f);
+        }
+    }
+    flows.active.retain(|f| !flows.done.contains(f));
+    for i in 0..flows.done.len() {
+        let f = flows.done[i];
+        let flow = flow_of(f);
+        for l in flow.links {
+            flows.per_link[l as usize] -= 1;
+        }
+        if let Some(s) = &mut flows.slices {
+            s.push(FlowSlice {
+                request: reqs.get(flow.request).expect("transferring request").id,
+                links: flow.links,
+                tokens: flow.tokens,
+                start: flow.started,
+                end: now,
+            });
+        }
+        // The transfer is done when its last rank-to-rank flow is.
+        let lease_id = reqs.get(flow.request).expect("transferring request").lease;
+        let mut lease = leases
+            .get_mut(lease_id.expect("a transfer has a lease"))
+            .expect("lease");
+        lease.parts_left -= 1;
+        if lease.parts_left > 0 {
+            commands.entity(f).despawn();
+            continue;
+        }
+        for pod in flow.pods {
+            flows.per_pod[pod as usize] -= 1;
+        }
+        flows.completed += 1;
+        flows.completed_tokens += flow.tokens as u64;
+        complete(
+            flow.request,
+            now,
+            flows,
+            commands,
+            leases,
+            engines,
+            reqs,
+            deadlines,
+        );
+        commands.entity(f).despawn();
+    }
+    flows.changed |= !flows.done.is_empty();
+    !flows.done.is_empty()
 }
 
 /// A lease reached its deadline: renewed by the heartbeats since, or it
@@ -155,7 +185,7 @@ fn lease_deadline(
     flows: &mut Flows,
     commands: &mut Commands,
     leases: &mut Query<&mut Lease>,
-    engines: &mut Query<(&mut Engine, &mut KvPool, &Nic)>,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
     reqs: &mut Query<&mut Request>,
     deadlines: &mut Deadlines,
     rng: &mut FaultRng,
@@ -173,7 +203,7 @@ fn lease_deadline(
     lease.state = LeaseState::Expired;
     flows.leases_expired += 1;
     {
-        let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
+        let (mut p, mut kv) = engines.get_mut(lease.prefiller).expect("prefiller");
         p.lease_ended(&lease.blocks, &mut kv.0);
     }
     flows.stranded_token_seconds += stranded_token_seconds(&lease, now);
@@ -213,7 +243,7 @@ fn complete(
     flows: &mut Flows,
     commands: &mut Commands,
     leases: &Query<&mut Lease>,
-    engines: &mut Query<(&mut Engine, &mut KvPool, &Nic)>,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
     reqs: &mut Query<&mut Request>,
     deadlines: &mut Deadlines,
 ) {
@@ -225,7 +255,7 @@ fn complete(
     }
     match lease.state {
         LeaseState::Held => {
-            let (mut p, mut kv, _) = engines.get_mut(lease.prefiller).expect("prefiller");
+            let (mut p, mut kv) = engines.get_mut(lease.prefiller).expect("prefiller");
             // Freed tail first; the prompt's full blocks stay cached.
             p.lease_ended(&lease.blocks, &mut kv.0);
         }
@@ -235,7 +265,7 @@ fn complete(
     commands.entity(lease_id).despawn();
     r.read_done_at = Some(now);
     let decoder = r.decoder.expect("routed");
-    let (mut d, mut kv, _) = engines.get_mut(decoder).expect("decoder");
+    let (mut d, mut kv) = engines.get_mut(decoder).expect("decoder");
     match flows.mode {
         TransferMode::NixlPull | TransferMode::NixlPush => {
             d.read_done(request, &mut kv.0, r.into_inner())
