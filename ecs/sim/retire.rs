@@ -96,6 +96,15 @@ pub(crate) fn retire<'a>(
     finished.queue.clear();
 }
 
+impl<'w, 's> Retirement<'w, 's> {
+    /// The queue its despawns go to: a fast tick's other despawns (flows
+    /// and leases that ended) go there too, so that all are applied in the
+    /// order the list would apply them.
+    pub(crate) fn commands(&mut self) -> &mut Commands<'w, 's> {
+        &mut self.commands
+    }
+}
+
 /// System, at the end of the tick: requests (and prefill legs) that failed
 /// in it. A serial prefill leg whose prefiller was down is sent again by
 /// the sidecar (`prefill_max_retries`); a failed request is released from

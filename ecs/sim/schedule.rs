@@ -36,9 +36,10 @@ use crate::sim::phases::phase_system;
 use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{
-    bandwidth_system, post_reads, post_reads_system, share_bandwidth, transfer_system,
+    bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth,
+    transfer_system,
 };
-use crate::transfer::{Flow, Flows, Nic};
+use crate::transfer::{Flow, Flows, Lease, Nic};
 use crate::workload::trace::TraceReads;
 use crate::workload::{self, SharedTrace, TraceRequest, WorkloadState, workload_system};
 use rand::SeedableRng;
@@ -368,11 +369,11 @@ impl Sim {
         })?;
         let wall = Instant::now();
         let mut stopped_early = None;
-        while let Some(only_step_ends) = self.next_tick()? {
+        while let Some(fast) = self.next_tick()? {
             // A backlog past what memory should hold ends the run here, with
             // a report that says so (checked every 1024 ticks: it grows
             // slowly). A tick may run the ticks after it up to that check.
-            self.run_tick(only_step_ends);
+            self.run_tick(fast);
             if self
                 .world
                 .resource::<Clock>()
@@ -427,8 +428,8 @@ impl Sim {
     }
 
     /// Hands over the next tick, when it comes by the horizon (see
-    /// [`pop_tick`]): whether its events are all step ends. The error the
-    /// last tick ended in comes first.
+    /// [`pop_tick`]): whether a fast tick can take it. The error the last
+    /// tick ended in comes first.
     fn next_tick(&mut self) -> Result<Option<bool>> {
         let (mut agenda, mut deadlines, mut events, mut clock, mut status) = self
             .loop_state
@@ -448,9 +449,9 @@ impl Sim {
 
     /// Runs the systems of the tick just handed over, and when they allow,
     /// the ticks after it up to the next backlog check.
-    fn run_tick(&mut self, only_step_ends: bool) {
+    fn run_tick(&mut self, fast: bool) {
         match &mut self.direct {
-            Some(direct) => direct.run(&mut self.world, only_step_ends, self.horizon),
+            Some(direct) => direct.run(&mut self.world, fast, self.horizon),
             None => self.schedule.run(&mut self.world),
         }
         // Despawned entities leave a removal record per component, which an
@@ -494,8 +495,10 @@ const CHECK_EVERY: u64 = 1024;
 
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
-/// the clock set. Returns whether those events are all step ends (None:
-/// nothing comes by the horizon, and nothing was changed).
+/// the clock set. Returns whether a fast tick can take it ([`fast_ticks`]):
+/// its events are all step ends and flow completions, and no lease's
+/// deadline is due (None: nothing comes by the horizon, and nothing was
+/// changed).
 fn pop_tick(
     horizon: f64,
     agenda: &mut Agenda,
@@ -509,20 +512,20 @@ fn pop_tick(
         return None;
     }
     events.clear();
-    let mut only_step_ends = true;
+    let mut fast = true;
     while let Some(e) = agenda.pop_at(t) {
-        only_step_ends &= matches!(e, Event::StepEnd(..));
+        fast &= matches!(e, Event::StepEnd(..) | Event::FlowDone { .. });
         events.push(e);
     }
     if deadline == Some(t) {
-        only_step_ends = false;
+        fast = false;
         deadlines.pop_at(t, &mut events.lease_deadlines);
     }
     clock.now = t;
     clock.ticks += 1;
     // Log lines carry the simulated time of the tick they come from.
     SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
-    Some(only_step_ends)
+    Some(fast)
 }
 
 /// Whether each built-in system has work in this tick: its run condition in
@@ -626,7 +629,8 @@ const RETIRE: usize = 6;
 const STEP_START: usize = 8;
 const FAIL: usize = 11;
 
-/// What a tick that only ends steps reads and writes, fetched once.
+/// What a tick that only ends steps and flows reads and writes, fetched
+/// once.
 type FastTickParams = (
     (
         ResMut<'static, Clock>,
@@ -659,6 +663,7 @@ type FastTickParams = (
         ResMut<'static, Flows>,
         Query<'static, 'static, &'static mut Flow>,
         Res<'static, Failed>,
+        Query<'static, 'static, &'static mut Lease>,
     ),
 );
 
@@ -671,10 +676,11 @@ type FastTickParams = (
 /// of the run.
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
-/// boundary, or a request finishing): those run the bodies of the systems
-/// with work — step end, retire, step start, reads, bandwidth, observe —
-/// on one fetch of their resources, and so do the ticks after them while
-/// they only end steps too ([`fast_ticks`]); they hand over to the list
+/// boundary, or a request finishing) and flows (a transfer's KV arrived):
+/// those run the bodies of the systems with work — flow ends, step end,
+/// retire, step start, reads, bandwidth, observe — on one fetch of their
+/// resources, and so do the ticks after them while they are the same
+/// ([`fast_ticks`]); they hand over to the list
 /// where another system turns out to have work (a prefill to hand off, a
 /// failure). The list hands back at step start: the systems from there on
 /// spawn nothing, so the same fetch runs them (the tail of every tick).
@@ -720,19 +726,19 @@ impl DirectTick {
         DirectTick { systems, fast }
     }
 
-    /// One tick; `only_step_ends`: the events due are all step ends. A fast
+    /// One tick; `fast`: a fast tick can take it ([`pop_tick`]). A fast
     /// tick runs the ticks after it while they are fast too, up to the
     /// loop's next backlog check and the horizon. Any other tick runs the
     /// list up to step start, and the fast tick's tail from there (step
     /// start, reads, bandwidth, observe, on its one fetch), which goes on
     /// to the ticks after it in the same way.
-    fn run(&mut self, world: &mut World, only_step_ends: bool, horizon: f64) {
+    fn run(&mut self, world: &mut World, fast: bool, horizon: f64) {
         if let Some(check) = world.check_change_ticks() {
             for (_, system) in &mut self.systems {
                 system.check_change_tick(check);
             }
         }
-        let mut from = if only_step_ends {
+        let mut from = if fast {
             self.fast(world, horizon, Stage::StepEnd)
         } else {
             Some(0)
@@ -771,31 +777,35 @@ impl DirectTick {
 }
 
 /// Where [`fast_ticks`] takes up the current tick: at step end (a tick of
-/// step ends only), or at step start (the list ran the systems before it).
+/// step ends and flow ends only), or at step start (the list ran the
+/// systems before it).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
     StepEnd,
     StepStart,
 }
 
-/// Ticks whose events are all step ends, as [`DirectTick`]'s list runs
-/// them: the systems before step end have no work (no event of theirs is
-/// due, their queues are empty), so each ends the steps, retires the
-/// requests that finished, and when no hand-off has work, forms the next
-/// steps, posts the reads of the requests parked, shares the links anew
-/// when the flows changed, and when no failure is to be handled, observes.
-/// From [`Stage::StepStart`] the first tick is one whose systems before
-/// step start the list ran, and every engine is looked at. (The retired
-/// requests' despawns are applied when the fast ticks stop: nothing in a
-/// fast tick looks them up, and nothing is spawned there, so no entity is
-/// reused in between.) Then the next tick is handed over here, as the loop
-/// would ([`pop_tick`]), on the same fetch of the resources: that is most
-/// of a fast tick's cost. It stops at the loop's
-/// next backlog check (a tick count that is a multiple of [`CHECK_EVERY`]),
-/// at an error, at the horizon, and at a tick that is not all step ends.
-/// A tick whose one event ends a continued run, where nothing else has
-/// work, is taken by the lone lane ([`lone_lane`]). Returns where the list
-/// takes over the last tick (None: that tick is done).
+/// Ticks whose events are all step ends and flow completions, as
+/// [`DirectTick`]'s list runs them: of the systems before step end only the
+/// transfers may have work (no other event is due, their queues are
+/// empty), so each ends the flows that completed (their transfers done:
+/// [`finish_flows`]), ends the steps, retires the requests that finished,
+/// and when no hand-off has work, forms the next steps, posts the reads of
+/// the requests parked, shares the links anew when the flows changed, and
+/// when no failure is to be handled, observes. From [`Stage::StepStart`],
+/// or after a transfer completed, every engine is looked at, as the list's
+/// step start does. (The despawns of the retired requests and of the ended
+/// flows and leases are applied, in the order the list would apply them,
+/// when the fast ticks stop: nothing in a fast tick looks them up, and
+/// nothing is spawned there, so no entity is reused in between.) Then the
+/// next tick is handed over here, as the loop would ([`pop_tick`]), on the
+/// same fetch of the resources: that is most of a fast tick's cost. It
+/// stops at the loop's next backlog check (a tick count that is a multiple
+/// of [`CHECK_EVERY`]), at an error, at the horizon, and at a tick a fast
+/// tick cannot take. A tick whose one event ends a continued run, where
+/// nothing else has work, is taken by the lone lane ([`lone_lane`]).
+/// Returns where the list takes over the last tick (None: that tick is
+/// done).
 fn fast_ticks(
     state: &mut SystemState<FastTickParams>,
     world: &mut World,
@@ -809,7 +819,7 @@ fn fast_ticks(
         (mut scratch, mut handoffs, mut finished),
         (index, mut agenda, mut parked, mut recorder, mut status),
         (mut gauges, mut counters, mut trend, mut retirement),
-        (faults, gateway, mut flows, mut flow_q, failed),
+        (faults, gateway, mut flows, mut flow_q, failed, mut leases),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -832,6 +842,24 @@ fn fast_ticks(
         if stage == Stage::StepEnd {
             if due::faults(events, &faults) || due::routing(events, &gateway) {
                 return Some(0);
+            }
+            // (The list's transfers, its only system before step end with
+            // work here.) A transfer that completed changed its decoder and
+            // prefiller: every engine is looked at, as the list would.
+            if !events.flow_done.is_empty()
+                && finish_flows(
+                    clock.now,
+                    &events.flow_done,
+                    &mut flows,
+                    |f| flow_q.get(f).expect("active flow"),
+                    &mut leases,
+                    &mut engines,
+                    &mut reqs,
+                    deadlines,
+                    retirement.commands(),
+                )
+            {
+                scratch.may_start.fill(true);
             }
             // A continued run's step end alone, in a tick where nothing
             // else has work: the lone lane takes it, and the ticks after it
@@ -963,10 +991,10 @@ enum Lane {
 /// The engine (its position in the index) whose step end is the only
 /// event of the tick, when no other engine is marked to be looked at.
 fn lone_step_end(events: &TickEvents, index: &EngineIndex, may_start: &[bool]) -> Option<usize> {
-    let [(e, _)] = events.step_ends[..] else {
+    let ([(e, _)], []) = (&events.step_ends[..], &events.flow_done[..]) else {
         return None;
     };
-    let k = index.position(e)?;
+    let k = index.position(*e)?;
     let others_idle = may_start.iter().enumerate().all(|(j, &m)| j == k || !m);
     others_idle.then_some(k)
 }

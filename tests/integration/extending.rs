@@ -151,9 +151,12 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
     // executor (an exact shortcut); one custom system that does nothing puts
     // the run through the schedule. Every number must agree, on scenarios
     // that wake every built-in system: phases, a fault, lease expiries,
-    // push, store-and-forward, vLLM's semantics.
+    // push, store-and-forward, vLLM's semantics; leases expiring while
+    // their reads flow (1 806 of them), and transfers of several
+    // rank-to-rank flows (TP 2 to TP 4), whose completions the fast ticks
+    // take.
     fn nothing(_clock: Res<pdsim::shared::Clock>) {}
-    let cases: [(&str, &[&str]); 5] = [
+    let cases: [(&str, &[&str]); 7] = [
         ("scenarios/llmd_nixl_pull.ron", &["horizon=400"]),
         ("scenarios/decoder_failure.ron", &[]),
         (
@@ -168,6 +171,18 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
             "scenarios/shared_prefixes.ron",
             &["horizon=300", "engine_semantics=Vllm033"],
         ),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            &[
+                "horizon=300",
+                "warmup=0",
+                "transfer.lease.duration=0.02",
+                "transfer.lease.heartbeats=false",
+                "decode.engine.num_gpu_blocks=2000",
+                "workload.session_rate=1.2",
+            ],
+        ),
+        ("scenarios/h200_llama70b_4p2d.ron", &["horizon=300"]),
     ];
     for (path, sets) in cases {
         let sc = crate::common::scenario_with(path, sets);
