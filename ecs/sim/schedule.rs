@@ -36,8 +36,7 @@ use crate::sim::phases::phase_system;
 use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{
-    bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth,
-    transfer_system,
+    bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth, transfer_system,
 };
 use crate::transfer::{Flow, Flows, Lease, Nic};
 use crate::workload::trace::TraceReads;
@@ -844,21 +843,20 @@ fn fast_ticks(
                 return Some(0);
             }
             // (The list's transfers, its only system before step end with
-            // work here.) A transfer that completed changed its decoder and
-            // prefiller: every engine is looked at, as the list would.
-            if !events.flow_done.is_empty()
-                && finish_flows(
-                    clock.now,
-                    &events.flow_done,
-                    &mut flows,
-                    |f| flow_q.get(f).expect("active flow"),
-                    &mut leases,
-                    &mut engines,
-                    &mut reqs,
-                    deadlines,
-                    retirement.commands(),
-                )
-            {
+            // work here.) A flow that ended may have completed a transfer,
+            // which changes its decoder and prefiller: every engine is
+            // looked at, as the list would.
+            if finish_flows(
+                clock.now,
+                &events.flow_done,
+                &mut flows,
+                |f| flow_q.get(f).expect("active flow"),
+                &mut leases,
+                &mut engines,
+                &mut reqs,
+                deadlines,
+                retirement.commands(),
+            ) {
                 scratch.may_start.fill(true);
             }
             // A continued run's step end alone, in a tick where nothing
