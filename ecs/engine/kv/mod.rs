@@ -600,14 +600,38 @@ impl BlockPool {
         s.queued = s.queued.min(lo);
         // The held prefix grows while each block joins it; `below` is the
         // block before the next one.
-        let (mut join, mut held) = (holder, s.held);
+        let mut held = s.held;
         let mut below = if lo > 0 { s.at[lo as usize - 1] } else { NONE };
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
-        let mut added = 0u32;
-        for ((&id, entry), index) in ids.iter().zip(at).zip(lo..) {
+        // The blocks that join it come first (nearly all of a read's): a
+        // block joins when it is new to the index, its entry is free and
+        // only this table holds it; the first that does not ends the
+        // joining, and it and those after it take the loop below, where
+        // `join` would be false from it on. (The holder's pool is never
+        // vLLM's: no duplicates here.)
+        let mut joined = 0;
+        if holder {
+            debug_assert!(!vllm);
+            for ((&id, entry), index) in ids.iter().zip(at.iter_mut()).zip(lo..) {
+                let b = &mut blocks[id as usize];
+                if b.has_key() || *entry != NONE || b.ref_cnt != 1 {
+                    break;
+                }
+                debug_assert_eq!(index, held, "the held prefix grows by its next block");
+                (b.key_slot, b.key_index, b.ref_cnt, b.next) = (slot, index, 0, below);
+                *entry = id;
+                if below != NONE {
+                    blocks[below as usize].prev = id;
+                }
+                (held, below) = (held + 1, id);
+                joined += 1;
+            }
+        }
+        let mut added = joined as u32;
+        let rest = ids[joined..].iter().zip(&mut at[joined..]);
+        for ((&id, entry), index) in rest.zip(lo + joined as u32..) {
             let b = &mut blocks[id as usize];
             if b.key_index == index && b.key_slot == slot {
-                join = false;
                 continue;
             }
             debug_assert!(!b.has_key(), "block {id} already cached");
@@ -629,15 +653,6 @@ impl BlockPool {
             let old = std::mem::replace(entry, id);
             if old == NONE {
                 added += 1;
-                if join && b.ref_cnt == 1 {
-                    debug_assert_eq!(index, held, "the held prefix grows by its next block");
-                    (b.ref_cnt, b.next) = (0, below);
-                    if below != NONE {
-                        blocks[below as usize].prev = id;
-                    }
-                    (held, below) = (held + 1, id);
-                    continue;
-                }
             } else {
                 let b = &mut blocks[old as usize];
                 b.key_index = NONE;
@@ -645,7 +660,6 @@ impl BlockPool {
                     queue.num_free_cached -= 1;
                 }
             }
-            join = false;
         }
         s.count += added;
         s.held = held;
