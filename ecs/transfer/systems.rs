@@ -103,8 +103,9 @@ pub fn transfer_system(
     }
 }
 
-/// Flows whose completion is now end (`flow_done`: the rate generations
-/// their completions were booked at; an older generation's is stale): each
+/// Ends the flows whose completion is now (`flow_done`: the rate
+/// generations their completions were booked at; an older generation's is
+/// stale): each
 /// releases its links, and a transfer whose last flow it was completes
 /// ([`complete`]). Returns whether any flow ended. (The loop's fast tick
 /// calls it too, for a tick of step ends and flow completions.)
@@ -136,9 +137,13 @@ pub(crate) fn finish_flows<'f>(
         for l in flow.links {
             flows.per_link[l as usize] -= 1;
         }
+        let (request_id, lease_id) = {
+            let r = reqs.get(flow.request).expect("transferring request");
+            (r.id, r.lease)
+        };
         if let Some(s) = &mut flows.slices {
             s.push(FlowSlice {
-                request: reqs.get(flow.request).expect("transferring request").id,
+                request: request_id,
                 links: flow.links,
                 tokens: flow.tokens,
                 start: flow.started,
@@ -146,7 +151,6 @@ pub(crate) fn finish_flows<'f>(
             });
         }
         // The transfer is done when its last rank-to-rank flow is.
-        let lease_id = reqs.get(flow.request).expect("transferring request").lease;
         let mut lease = leases
             .get_mut(lease_id.expect("a transfer has a lease"))
             .expect("lease");

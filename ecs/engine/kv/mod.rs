@@ -606,9 +606,9 @@ impl BlockPool {
         // The blocks that join it come first (nearly all of a read's): a
         // block joins when it is new to the index, its entry is free and
         // only this table holds it; the first that does not ends the
-        // joining, and it and those after it take the loop below, where
-        // `join` would be false from it on. (The holder's pool is never
-        // vLLM's: no duplicates here.)
+        // joining, and it and those after it take the loop below, which
+        // never joins. (The holder's pool is never vLLM's: no duplicates
+        // here.)
         let mut joined = 0;
         if holder {
             debug_assert!(!vllm);
