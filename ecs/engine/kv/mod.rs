@@ -406,16 +406,14 @@ impl BlockPool {
         }
         // The first `n` blocks of the queue leave it as one stretch: walked
         // along their links, with the new front linked once (the queue that
-        // taking them from the front one by one leaves). The table grows
-        // once and its new entries are written in place (no push's
-        // capacity check per block).
-        let start = table.len();
-        table.resize(start + n as usize, NONE);
-        let out = &mut table[start..];
+        // taking them from the front one by one leaves). They are appended
+        // to the table as they are taken, a run of a stream's blocks in one
+        // `extend` (no entry filled first and written again, no separate
+        // pass clearing the stream's index entries).
         let (id, evicted) = if self.vllm {
-            self.take_front_vllm(out)
+            self.take_front_vllm(n, table)
         } else {
-            self.take_front(out)
+            self.take_front(n, table)
         };
         self.queue.head = id;
         if id == NONE {
@@ -428,8 +426,8 @@ impl BlockPool {
         true
     }
 
-    /// Takes the first `out.len()` blocks of the queue into `out`, each
-    /// with one reference, evicting their identities: returns the block
+    /// Takes the first `n` blocks of the queue onto the end of `table`,
+    /// each with one reference, evicting their identities: returns the block
     /// after them and how many were cached.
     ///
     /// A cached block is nearly always followed in the queue by the blocks
@@ -437,10 +435,10 @@ impl BlockPool {
     /// that follow are counted first by comparing each one's link with the
     /// stream's index, each found by its id there (walking the links, each
     /// look-up of a cold block would wait for the one before), then taken as
-    /// one run: their entries cleared, the stream's count and cached prefix
-    /// updated once, as evicting them one by one ([`Self::uncache`]) would
-    /// leave them.
-    fn take_front(&mut self, out: &mut [BlockId]) -> (BlockId, u32) {
+    /// one run: their entries cleared as they are read, the stream's count
+    /// and cached prefix updated once, as evicting them one by one
+    /// ([`Self::uncache`]) would leave them.
+    fn take_front(&mut self, n: u32, table: &mut Vec<BlockId>) -> (BlockId, u32) {
         let BlockPool {
             blocks,
             slots,
@@ -451,20 +449,20 @@ impl BlockPool {
         } = self;
         let mut id = queue.head;
         let mut evicted = 0u32;
-        let mut i = 0;
-        while i < out.len() {
+        let mut left = n as usize;
+        while left > 0 {
             let b = &mut blocks[id as usize];
             b.ref_cnt = 1;
             if !b.has_key() {
-                out[i] = id;
-                i += 1;
+                table.push(id);
+                left -= 1;
                 id = b.next;
                 continue;
             }
             let (slot, top) = (b.key_slot, b.key_index as usize);
             let StreamBlocks { at, queued, .. } = &mut slots[slot as usize];
             debug_assert_eq!(at[top], id, "the index names the block");
-            let limit = (out.len() - i).min(top + 1);
+            let limit = left.min(top + 1);
             // Within the stream's queued prefix the blocks are known to
             // follow one another (the common case: a session's blocks
             // freed together); past it each link is compared.
@@ -474,27 +472,29 @@ impl BlockPool {
                 k += 1;
             }
             let lo = top + 1 - k;
-            for (entry, &taken) in out[i..i + k].iter_mut().zip(at[lo..=top].iter().rev()) {
+            let last = at[lo];
+            // (Front to back: the stream's blocks from `top` down.)
+            table.extend(at[lo..=top].iter_mut().rev().map(|entry| {
+                let taken = std::mem::replace(entry, NONE);
                 let b = &mut blocks[taken as usize];
                 b.ref_cnt = 1;
                 b.key_index = NONE;
-                *entry = taken;
-            }
-            id = blocks[at[lo] as usize].next;
-            at[lo..=top].fill(NONE);
+                taken
+            }));
+            id = blocks[last as usize].next;
             uncache_run(slots, slot_of, free_slots, slot, k as u32, lo as u32);
             evicted += k as u32;
-            i += k;
+            left -= k;
         }
         (id, evicted)
     }
 
     /// [`Self::take_front`] with vLLM 0.33's evictions (an identity may have
     /// further holders).
-    fn take_front_vllm(&mut self, out: &mut [BlockId]) -> (BlockId, u32) {
+    fn take_front_vllm(&mut self, n: u32, table: &mut Vec<BlockId>) -> (BlockId, u32) {
         let mut id = self.queue.head;
         let mut evicted = 0u32;
-        for entry in out {
+        for _ in 0..n {
             let b = &mut self.blocks[id as usize];
             let next = b.next;
             b.ref_cnt = 1;
@@ -504,7 +504,7 @@ impl BlockPool {
                 self.evict_vllm(id, slot, index);
                 evicted += 1;
             }
-            *entry = id;
+            table.push(id);
             id = next;
         }
         (id, evicted)
