@@ -236,13 +236,14 @@ pub struct Summary {
 
 impl Summary {
     pub fn of(h: &Histogram) -> Summary {
+        let [p50, p90, p99, p999] = h.quantiles([0.50, 0.90, 0.99, 0.999]);
         Summary {
             count: h.count(),
             mean: h.mean(),
-            p50: h.quantile(0.50),
-            p90: h.quantile(0.90),
-            p99: h.quantile(0.99),
-            p999: h.quantile(0.999),
+            p50,
+            p90,
+            p99,
+            p999,
         }
     }
 }
