@@ -563,7 +563,9 @@ mod tests {
     }
 
     /// The value of rank `r`, walked for from the first bucket (as each
-    /// quantile was read before they were read together).
+    /// quantile was read before they were read together): kept apart from
+    /// `values_at` on purpose, so the test below holds the shared walk to
+    /// an independent one.
     fn value_at_plainly(h: &Histogram, r: u64) -> f64 {
         if r == 0 {
             return h.min;
