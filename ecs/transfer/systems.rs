@@ -106,8 +106,8 @@ pub fn transfer_system(
 /// Ends the flows whose completion is now (`flow_done`: the rate
 /// generations their completions were booked at; an older generation's is
 /// stale): each releases its links, and a transfer whose last flow it was
-/// completes ([`complete`]). Returns whether any flow ended. (The loop's fast tick
-/// calls it too, for a tick of step ends and flow completions.)
+/// completes ([`complete`]). Returns whether any flow ended. (The loop's
+/// fast tick calls it too, for a tick of step ends and flow completions.)
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn finish_flows<'f>(
     now: f64,
