@@ -412,6 +412,16 @@ impl Memo {
         pods: impl ExactSizeIterator<Item = &'a PodView>,
         scores: &[f64],
     ) -> Option<Dynamic> {
+        self.find(req, pods, scores).cloned()
+    }
+
+    /// [`Self::look_up`] without a copy of the answer.
+    pub(crate) fn find<'a>(
+        &mut self,
+        req: &ReqView,
+        pods: impl ExactSizeIterator<Item = &'a PodView>,
+        scores: &[f64],
+    ) -> Option<&Dynamic> {
         self.calls += 1;
         self.keyed = true;
         let key = &mut self.key;
@@ -430,7 +440,7 @@ impl Memo {
         }
         let answer = self.answers.get(key.as_slice())?;
         self.repeats += 1;
-        Some(answer.clone())
+        Some(answer)
     }
 
     /// Keeps the answer computed for the inputs of the last look-up.
@@ -585,6 +595,52 @@ mod tests {
             "let s = []; for i in 0..pods.len() { let p = pods[i]; s.push(p.running); } s"
         ));
         assert!(!all("pods.map(|p| p.active)"));
+    }
+
+    #[test]
+    fn a_score_all_the_host_evaluates_is_remembered_too() {
+        // The reference's decode scorer (idle threshold 0): `active` 2 and
+        // 4 give max 4, so (4 − 2) / 4.0 = 0.5 and (4 − 4) / 4.0 = 0.0.
+        let engine = sandbox::new_engine(1, None, &Default::default()).unwrap();
+        let scorer = load(
+            &engine,
+            Hook::ScoreAll,
+            &catalogue("active-request-scorer"),
+            &[("source", "pods")],
+        );
+        assert!(scorer.remembers() && scorer.direct.is_some());
+        let pod = |active| PodView {
+            active,
+            ..Default::default()
+        };
+        let req = ReqView::default();
+        let score = |pods: &[PodView]| {
+            let (mut numbers, mut kept) = (Vec::new(), Vec::new());
+            let inputs = Inputs {
+                pods,
+                candidates: &[0, 1],
+                scores: &[],
+            };
+            let none = None::<fn() -> (Dynamic, rhai::Array)>;
+            scorer.answer_directly(&engine, &inputs, &req, &mut numbers, &mut kept, none);
+            let repeats = scorer.memo.borrow().as_ref().map(|m| m.repeats);
+            (numbers, repeats)
+        };
+        let (a, b) = ([pod(2), pod(4)], [pod(4), pod(2)]);
+        // Computed, then remembered; other inputs are computed again.
+        assert_eq!(score(&a), (vec![0.5, 0.0], Some(0)));
+        assert_eq!(score(&a), (vec![0.5, 0.0], Some(1)));
+        assert_eq!(score(&b), (vec![0.0, 0.5], Some(1)));
+        assert_eq!(score(&b), (vec![0.0, 0.5], Some(2)));
+        // What the hook does not read is not in the key.
+        let c = [
+            PodView {
+                queued: 9,
+                ..pod(2)
+            },
+            pod(4),
+        ];
+        assert_eq!(score(&c), (vec![0.5, 0.0], Some(3)));
     }
 
     #[test]

@@ -442,13 +442,65 @@ impl Plugin {
         args: Option<impl FnOnce() -> A>,
     ) -> Option<Answer> {
         let direct = self.direct.as_ref().filter(|_| self.direct_on.get())?;
-        let answer = direct.answer(self.hook, req, inputs, numbers, kept)?;
+        // A `score_all` walks the pods, twice in the catalogue's: when it
+        // is pure and its inputs repeat, its remembered answer costs less.
+        let remembered =
+            self.hook == Hook::ScoreAll && self.remembered_numbers(inputs, req, numbers);
+        let answer = if remembered {
+            Answer::Numbers
+        } else {
+            let answer = direct.answer(self.hook, req, inputs, numbers, kept)?;
+            if self.hook == Hook::ScoreAll {
+                self.remember_numbers(numbers);
+            }
+            answer
+        };
         if cfg!(debug_assertions)
             && let Some(args) = args
         {
             self.check_direct(engine, &answer, inputs, numbers, kept, args(), req);
         }
         Some(answer)
+    }
+
+    /// A pure `score_all`'s remembered numbers for these inputs, into
+    /// `numbers`; false when there are none (the memo then keeps the key
+    /// for [`Self::remember_numbers`]).
+    fn remembered_numbers(&self, inputs: &Inputs, req: &ReqView, numbers: &mut Vec<f64>) -> bool {
+        let mut slot = self.memo.borrow_mut();
+        let Some(memo) = slot.as_mut() else {
+            return false;
+        };
+        if !memo.active() {
+            *slot = None; // its inputs seldom repeat: forget the answers
+            return false;
+        }
+        let pods = inputs.candidates.iter().map(|&i| &inputs.pods[i]);
+        let Some(answer) = memo.find(req, pods, inputs.scores) else {
+            return false;
+        };
+        // (An answer of rhai's that is not all numbers failed its call:
+        // the host evaluates this one.)
+        let Ok(items) = answer.as_array_ref() else {
+            return false;
+        };
+        numbers.clear();
+        for v in items.iter() {
+            let Some(x) = crate::router::policy::sandbox::number(v) else {
+                return false;
+            };
+            numbers.push(x);
+        }
+        true
+    }
+
+    /// Remembers the host's `score_all` numbers for the inputs of the
+    /// look-up just made (nothing when the hook is not remembered).
+    fn remember_numbers(&self, numbers: &[f64]) {
+        if let Some(memo) = self.memo.borrow_mut().as_mut() {
+            let answer: rhai::Array = numbers.iter().map(|&x| Dynamic::from_float(x)).collect();
+            memo.remember(&Dynamic::from_array(answer));
+        }
     }
 
     /// Panics unless rhai answers what the host did (debug builds).
