@@ -469,7 +469,8 @@ pub(crate) fn take_blocks(kv: &mut BlockPool, r: &mut Request, n: u32) -> bool {
     let need = kv
         .blocks_for(r.computed + n)
         .saturating_sub(r.blocks.len() as u32);
-    if !kv.allocate(need, &mut r.blocks) {
+    // (No block is needed at most steps: a decode step filling its block.)
+    if need > 0 && !kv.allocate(need, &mut r.blocks) {
         return false;
     }
     cache_full_blocks(kv, r, r.computed + n);

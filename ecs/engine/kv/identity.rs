@@ -135,6 +135,10 @@ impl Hasher for KeyHasher {
     fn write_u32(&mut self, v: u32) {
         self.write_u64(v as u64);
     }
+    // (A slice key's length: one step, not one per byte.)
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
 }
 
 #[cfg(test)]
