@@ -33,11 +33,13 @@ pub fn req_view(r: &Request, block_size: u32, now: f64) -> ReqView {
 fn pod_view(
     e: Entity,
     r: &Request,
-    engines: &Query<(&mut Engine, &KvPool, &Nic)>,
+    engines: &Query<(&mut Engine, &mut KvPool)>,
+    nics: &Query<&Nic>,
     flows: &Flows,
     book: &RouterBook,
 ) -> PodView {
-    let (eng, kv, nic) = engines.get(e).expect("engine");
+    let (eng, kv) = engines.get(e).expect("engine");
+    let nic = nics.get(e).expect("engine");
     let kv = &kv.0;
     let bs = kv.block_size();
     let cached_blocks = kv.cached_prefix_blocks(&r.path, reusable(r.prompt, bs) / bs);
@@ -81,18 +83,54 @@ pub fn routing_system(
     mut gateway: ResMut<Gateway>,
     mut router: NonSendMut<Router>,
     index: Res<EngineIndex>,
-    mut engines: Query<(&mut Engine, &KvPool, &Nic)>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
+    nics: Query<&Nic>,
     mut reqs: Query<&mut Request>,
     flows: Res<Flows>,
     mut status: ResMut<RunStatus>,
     mut failed: ResMut<Failed>,
     scenario: Res<CurrentScenario>,
 ) {
-    let now = clock.now;
+    route_gateway(
+        clock.now,
+        &events,
+        &mut gateway,
+        &mut router,
+        &index,
+        (&mut engines, &nics, &mut reqs),
+        &flows,
+        &mut status,
+        &mut failed,
+        scenario.0.router.dispatch == Dispatch::Parallel,
+        &mut commands,
+    );
+}
+
+/// The body of [`routing_system`], also run by the fast ticks on their own
+/// fetch (`sim::schedule`). `commands` spawns a parallel dispatch's decode
+/// legs (`parallel`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn route_gateway(
+    now: f64,
+    events: &TickEvents,
+    gateway: &mut Gateway,
+    router: &mut Router,
+    index: &EngineIndex,
+    (engines, nics, reqs): (
+        &mut Query<(&mut Engine, &mut KvPool)>,
+        &Query<&Nic>,
+        &mut Query<&mut Request>,
+    ),
+    flows: &Flows,
+    status: &mut RunStatus,
+    failed: &mut Failed,
+    parallel: bool,
+    commands: &mut Commands,
+) {
     for &id in &events.prefill_retries {
         let mut r = reqs.get_mut(id).expect("a prefill leg to send again");
         let p = r.prefiller.expect("remote");
-        let (mut engine, _, _) = engines.get_mut(p).expect("prefiller");
+        let (mut engine, _) = engines.get_mut(p).expect("prefiller");
         if engine.down {
             r.status = Status::Failed;
             failed.queue.push((id, FailReason::PrefillerDown));
@@ -106,12 +144,10 @@ pub fn routing_system(
     if gateway.queue.is_empty() || status.error.is_some() {
         return;
     }
-    let parallel = scenario.0.router.dispatch == Dispatch::Parallel;
-    let router = &mut *router;
     for i in 0..gateway.queue.len() {
         let id = gateway.queue[i];
         let started = std::time::Instant::now();
-        let decision = route(id, router, &index, &engines, &reqs, &flows, now);
+        let decision = route(id, router, index, engines, nics, reqs, flows, now);
         router.decisions += 1;
         router.seconds += started.elapsed().as_secs_f64();
         let (decoder, prefiller) = match decision {
@@ -141,7 +177,7 @@ pub fn routing_system(
         r.prefiller = prefiller;
         router.book.routed(d_index, p_index, r.prompt, &r.path);
         let Some(p) = prefiller else {
-            enqueue(id, &mut r, decoder, &mut engines, &mut failed);
+            enqueue(id, &mut r, decoder, engines, failed);
             continue;
         };
         r.leg = Leg::Prefill;
@@ -156,7 +192,7 @@ pub fn routing_system(
             let twin_id = commands.spawn_empty().id();
             r.twin = Some(twin_id);
             r.next_turn = None;
-            enqueue(id, &mut r, p, &mut engines, &mut failed);
+            enqueue(id, &mut r, p, engines, failed);
             if engines.get(decoder).expect("decoder").0.down {
                 twin.status = Status::Failed;
                 failed.queue.push((twin_id, FailReason::DecoderDown));
@@ -169,7 +205,7 @@ pub fn routing_system(
             }
             commands.entity(twin_id).insert(twin);
         } else {
-            enqueue(id, &mut r, p, &mut engines, &mut failed);
+            enqueue(id, &mut r, p, engines, failed);
         }
     }
     gateway.queue.clear();
@@ -181,10 +217,10 @@ fn enqueue(
     id: Entity,
     r: &mut Request,
     target: Entity,
-    engines: &mut Query<(&mut Engine, &KvPool, &Nic)>,
+    engines: &mut Query<(&mut Engine, &mut KvPool)>,
     failed: &mut Failed,
 ) {
-    let (mut engine, _, _) = engines.get_mut(target).expect("engine");
+    let (mut engine, _) = engines.get_mut(target).expect("engine");
     if engine.down {
         r.status = Status::Failed;
         let reason = match engine.role {
@@ -201,11 +237,13 @@ fn enqueue(
 /// the prefill profile when the decider says so. Pods the router knows to
 /// be down are not candidates; `None` when no pod of a role is left. A
 /// decider that takes the prefill pods sees them before it decides.
+#[allow(clippy::too_many_arguments)]
 fn route(
     id: Entity,
     router: &mut Router,
     index: &EngineIndex,
-    engines: &Query<(&mut Engine, &KvPool, &Nic)>,
+    engines: &Query<(&mut Engine, &mut KvPool)>,
+    nics: &Query<&Nic>,
     reqs: &Query<&mut Request>,
     flows: &Flows,
     now: f64,
@@ -241,7 +279,7 @@ fn route(
                 continue;
             }
             candidates.push(e);
-            pods.push(pod_view(e, r, engines, flows, book));
+            pods.push(pod_view(e, r, engines, nics, flows, book));
         }
     };
     views(

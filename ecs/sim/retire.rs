@@ -103,6 +103,11 @@ impl<'w, 's> Retirement<'w, 's> {
     pub(crate) fn commands(&mut self) -> &mut Commands<'w, 's> {
         &mut self.commands
     }
+
+    /// The router (a fast tick routes on this fetch), with the queue.
+    pub(crate) fn router(&mut self) -> (&mut Router, &mut Commands<'w, 's>) {
+        (&mut self.router, &mut self.commands)
+    }
 }
 
 /// System, at the end of the tick: requests (and prefill legs) that failed

@@ -22,10 +22,11 @@ use crate::metrics::figures::{SeriesRecorder, series_system};
 use crate::metrics::gauges::{EngineState, observe, observe_system};
 use crate::metrics::{Counters, CustomMetrics, Gauges, InFlightTrend, Metrics, Report};
 use crate::router::book::RouterBook;
-use crate::router::gateway::routing_system;
+use crate::router::gateway::{route_gateway, routing_system};
 use crate::router::policy::Policies;
 use crate::router::sidecar::handoff_system;
 use crate::router::{Router, RouterMode};
+use crate::scenario::Dispatch;
 use crate::scenario::{self, Scenario};
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, EngineIndex, Event, Failed, FaultQueue, FaultRng,
@@ -596,6 +597,8 @@ struct EventsDue {
     workload: bool,
     retries: bool,
     transfers: bool,
+    /// Transfer events other than flow ends (which a fast tick takes).
+    transfers_beyond_flows: bool,
     step_end: bool,
 }
 
@@ -607,6 +610,9 @@ impl EventsDue {
             workload: due::workload(e),
             retries: due::retries(e),
             transfers: due::transfers(e),
+            transfers_beyond_flows: !(e.read_starts.is_empty()
+                && e.registrations.is_empty()
+                && e.lease_deadlines.is_empty()),
             step_end: due::step_end(e),
         }
     }
@@ -621,9 +627,10 @@ type LoopParams = (
     ResMut<'static, RunStatus>,
 );
 
-/// Positions in [`DirectTick`]'s list (`retire_system`, `step_start_system`,
-/// `fail_system`): where a fast tick hands over, and where the list hands
-/// over to the fast tick's tail.
+/// Positions in [`DirectTick`]'s list (`routing_system`, `retire_system`,
+/// `step_start_system`, `fail_system`): where a fast tick hands over, and
+/// where the list hands over to the fast ticks.
+const ROUTING: usize = 3;
 const RETIRE: usize = 6;
 const STEP_START: usize = 8;
 const FAIL: usize = 11;
@@ -658,11 +665,12 @@ type FastTickParams = (
     ),
     (
         Res<'static, FaultQueue>,
-        Res<'static, Gateway>,
+        ResMut<'static, Gateway>,
         ResMut<'static, Flows>,
         Query<'static, 'static, &'static mut Flow>,
-        Res<'static, Failed>,
+        ResMut<'static, Failed>,
         Query<'static, 'static, &'static mut Lease>,
+        Query<'static, 'static, &'static Nic>,
     ),
 );
 
@@ -682,7 +690,9 @@ type FastTickParams = (
 /// ([`fast_ticks`]); they hand over to the list
 /// where another system turns out to have work (a prefill to hand off, a
 /// failure). The list hands back at step start: the systems from there on
-/// spawn nothing, so the same fetch runs them (the tail of every tick).
+/// spawn nothing, so the same fetch runs them (the tail of every tick). It
+/// hands back at routing when it can ([`routes_on_fast`]): an arrival's
+/// routing then runs on that fetch rather than on one of its own.
 struct DirectTick {
     systems: Vec<Gated>,
     fast: SystemState<FastTickParams>,
@@ -751,17 +761,24 @@ impl DirectTick {
             } else {
                 self.systems.len()
             };
-            for (has_work, system) in &mut self.systems[at..until] {
-                if has_work(&events, world) {
-                    system
-                        .run((), world)
-                        .expect("the built-in systems' parameters are in the world");
+            let mut stage = Stage::StepStart;
+            for i in at..until {
+                let (has_work, system) = &mut self.systems[i];
+                if !has_work(&events, world) {
+                    continue;
                 }
+                if i == ROUTING && routes_on_fast(&events, world) {
+                    stage = Stage::Routing;
+                    break;
+                }
+                system
+                    .run((), world)
+                    .expect("the built-in systems' parameters are in the world");
             }
             if until == self.systems.len() {
                 return;
             }
-            from = self.fast(world, horizon, Stage::StepStart);
+            from = self.fast(world, horizon, stage);
         }
     }
 
@@ -775,13 +792,25 @@ impl DirectTick {
     }
 }
 
-/// Where [`fast_ticks`] takes up the current tick: at step end (a tick of
-/// step ends and flow ends only), or at step start (the list ran the
-/// systems before it).
+/// Where [`fast_ticks`] takes up the current tick: at routing (the list ran
+/// the systems before it), at step end (a tick of step ends and flow ends
+/// only), or at step start (the list ran the systems before it).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    Routing,
     StepEnd,
     StepStart,
+}
+
+/// Whether the list may hand a tick whose routing has work over to the
+/// fast ticks at routing: what the list runs from routing to step start,
+/// the fast tick runs the same — no transfer event but flow ends is due
+/// (step ends, retirement and hand-offs it takes as in any fast tick) —
+/// and routing spawns nothing (a parallel dispatch spawns decode legs,
+/// which step start looks up in the same tick).
+fn routes_on_fast(events: &EventsDue, world: &World) -> bool {
+    !events.transfers_beyond_flows
+        && world.resource::<CurrentScenario>().0.router.dispatch != Dispatch::Parallel
 }
 
 /// Ticks whose events are all step ends and flow completions, as
@@ -791,9 +820,11 @@ enum Stage {
 /// [`finish_flows`]), ends the steps, retires the requests that finished,
 /// and when no hand-off has work, forms the next steps, posts the reads of
 /// the requests parked, shares the links anew when the flows changed, and
-/// when no failure is to be handled, observes. From [`Stage::StepStart`],
-/// or after a transfer completed, every engine is looked at, as the list's
-/// step start does. (The despawns of the retired requests and of the ended
+/// when no failure is to be handled, observes. From [`Stage::Routing`] (a
+/// tick the list ran up to routing: [`routes_on_fast`]) it routes first,
+/// as the list would, and takes the tick up at step end. From
+/// [`Stage::Routing`] or [`Stage::StepStart`], or after a transfer
+/// completed, every engine is looked at, as the list's step start does. (The despawns of the retired requests and of the ended
 /// flows and leases are applied, in the order the list would apply them,
 /// when the fast ticks stop: nothing in a fast tick looks them up, and
 /// nothing is spawned there, so no entity is reused in between.) Then the
@@ -818,7 +849,7 @@ fn fast_ticks(
         (mut scratch, mut handoffs, mut finished),
         (index, mut agenda, mut parked, mut recorder, mut status),
         (mut gauges, mut counters, mut trend, mut retirement),
-        (faults, gateway, mut flows, mut flow_q, failed, mut leases),
+        (faults, mut gateway, mut flows, mut flow_q, mut failed, mut leases, nics),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -838,10 +869,32 @@ fn fast_ticks(
     scratch.may_start.resize(index.len(), true);
     loop {
         let mut lane = Lane::Untouched;
+        // (An arrival's tick, from routing on: the list ran the systems
+        // before it. Its engines all have their steps formed below.)
+        let routed = stage == Stage::Routing;
+        if routed {
+            let (router, commands) = retirement.router();
+            let parallel = false; // (`routes_on_fast`)
+            route_gateway(
+                clock.now,
+                events,
+                &mut gateway,
+                router,
+                &index,
+                (&mut engines, &nics, &mut reqs),
+                &flows,
+                status,
+                &mut failed,
+                parallel,
+                commands,
+            );
+            stage = Stage::StepEnd;
+        } else if stage == Stage::StepEnd
+            && (due::faults(events, &faults) || due::routing(events, &gateway))
+        {
+            return Some(0);
+        }
         if stage == Stage::StepEnd {
-            if due::faults(events, &faults) || due::routing(events, &gateway) {
-                return Some(0);
-            }
             // (The list's transfers, its only system before step end with
             // work here.) A flow that ended may have completed a transfer,
             // which changes its decoder and prefiller: every engine is
@@ -862,7 +915,8 @@ fn fast_ticks(
             // A continued run's step end alone, in a tick where nothing
             // else has work: the lone lane takes it, and the ticks after it
             // while they are the same.
-            let quiet = !(due::handoff(handoffs)
+            let quiet = !(routed
+                || due::handoff(handoffs)
                 || due::retire(finished)
                 || due::post_reads(parked)
                 || due::bandwidth(&flows)

@@ -151,17 +151,26 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
     // executor (an exact shortcut); one custom system that does nothing puts
     // the run through the schedule. Every number must agree, on scenarios
     // that wake every built-in system: phases, a fault, lease expiries,
-    // push, store-and-forward, vLLM's semantics; leases expiring while
-    // their reads flow (1 806 of them), and transfers of several
+    // push, its parallel dispatch (whose routing spawns decode legs, so the
+    // list keeps it), store-and-forward, vLLM's semantics; leases expiring
+    // while their reads flow (1 806 of them), and transfers of several
     // rank-to-rank flows (TP 2 to TP 4), whose completions the fast ticks
     // take.
     fn nothing(_clock: Res<pdsim::shared::Clock>) {}
-    let cases: [(&str, &[&str]); 7] = [
+    let cases: [(&str, &[&str]); 8] = [
         ("scenarios/llmd_nixl_pull.ron", &["horizon=400"]),
         ("scenarios/decoder_failure.ron", &[]),
         (
             "scenarios/llmd_nixl_pull.ron",
             &["horizon=300", "transfer.mode=NixlPush"],
+        ),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            &[
+                "horizon=300",
+                "transfer.mode=NixlPush",
+                "router.dispatch=Parallel",
+            ],
         ),
         (
             "scenarios/llmd_nixl_pull.ron",
