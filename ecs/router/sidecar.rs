@@ -6,7 +6,7 @@
 use bevy_ecs::prelude::*;
 use rand::RngExt;
 
-use crate::engine::{Engine, KvSource, Request, Status};
+use crate::engine::{Engine, KvPool, KvSource, Request, Status};
 use crate::router::Router;
 use crate::scenario::{Fault, TransferMode};
 use crate::shared::{
@@ -40,7 +40,8 @@ pub fn handoff_system(
     clock: Res<Clock>,
     mut handoffs: ResMut<Handoffs>,
     mut flows: ResMut<Flows>,
-    mut engines: Query<(&mut Engine, &Nic)>,
+    mut engines: Query<(&mut Engine, &mut KvPool)>,
+    nics: Query<&Nic>,
     mut reqs: Query<&mut Request>,
     mut router: NonSendMut<Router>,
     mut deadlines: ResMut<Deadlines>,
@@ -49,18 +50,47 @@ pub fn handoff_system(
     mut rng: ResMut<FaultRng>,
     scenario: Res<CurrentScenario>,
 ) {
-    let now = clock.now;
-    let faults = &scenario.0.faults;
+    hand_off(
+        clock.now,
+        &mut handoffs,
+        &mut flows,
+        (&mut engines, &nics, &mut reqs),
+        &mut router,
+        (&mut deadlines, &mut agenda, &mut failed),
+        (&mut rng, &scenario.0.faults),
+        &mut commands,
+    );
+}
+
+/// The body of [`handoff_system`], also run by the fast ticks on their own
+/// fetch where it spawns only leases, which nothing looks up before the
+/// fast ticks stop (`sim::schedule`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hand_off(
+    now: f64,
+    handoffs: &mut Handoffs,
+    flows: &mut Flows,
+    (engines, nics, reqs): (
+        &mut Query<(&mut Engine, &mut KvPool)>,
+        &Query<&Nic>,
+        &mut Query<&mut Request>,
+    ),
+    router: &mut Router,
+    (deadlines, agenda, failed): (&mut Deadlines, &mut Agenda, &mut Failed),
+    (rng, faults): (&mut FaultRng, &[Fault]),
+    commands: &mut Commands,
+) {
     for &id in &handoffs.queue {
         let mut r = reqs.get_mut(id).expect("answered prefill");
         let prefiller = r.prefiller.expect("remote");
         let decoder = r.decoder.expect("routed");
         r.t1 = Some(now);
         let blocks = std::mem::take(&mut r.blocks);
-        let (p, p_nic) = engines.get(prefiller).expect("prefiller");
-        let (p_index, block_size, p_nic) = (p.index, p.cfg.block_size, *p_nic);
+        let p = engines.get(prefiller).expect("prefiller").0;
+        let p_nic = *nics.get(prefiller).expect("prefiller");
+        let (p_index, block_size) = (p.index, p.cfg.block_size);
         router.book.prefill_answered(p_index, r.prompt);
-        let lost = !faults.is_empty() && answer_lost(faults, now, &mut rng);
+        let lost = !faults.is_empty() && answer_lost(faults, now, rng);
         let mut lease = NewLease {
             prefiller,
             request: id,
@@ -83,7 +113,7 @@ pub fn handoff_system(
             lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
             lease.stranded |= booked.is_none();
             let stranded = lease.stranded;
-            let l = grant(&mut commands, &mut deadlines, &flows.lease, lease, now);
+            let l = grant(commands, deadlines, &flows.lease, lease, now);
             let Ok(mut d) = reqs.get_mut(twin) else {
                 continue;
             };
@@ -104,25 +134,13 @@ pub fn handoff_system(
             // No decode leg is sent: the request waits for ever, its lease
             // for its expiry.
             r.stuck = true;
-            r.lease = Some(grant(
-                &mut commands,
-                &mut deadlines,
-                &flows.lease,
-                lease,
-                now,
-            ));
+            r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
             continue;
         }
-        let (mut d, d_nic) = engines.get_mut(decoder).expect("decoder");
+        let (mut d, _) = engines.get_mut(decoder).expect("decoder");
         if d.down {
             lease.stranded = true;
-            r.lease = Some(grant(
-                &mut commands,
-                &mut deadlines,
-                &flows.lease,
-                lease,
-                now,
-            ));
+            r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
             r.status = Status::Failed;
             failed.queue.push((id, FailReason::DecoderDown));
             continue;
@@ -138,17 +156,11 @@ pub fn handoff_system(
                 r.status = Status::PrefillDone; // until the copy completes
                 r.remote_tokens = r.prompt;
                 r.read_started_at = Some(now);
-                let d_nic = *d_nic;
-                lease.parts_left = flows.start(&mut commands, id, &p_nic, &d_nic, r.prompt, now);
+                let d_nic = *nics.get(decoder).expect("decoder");
+                lease.parts_left = flows.start(commands, id, &p_nic, &d_nic, r.prompt, now);
             }
         }
-        r.lease = Some(grant(
-            &mut commands,
-            &mut deadlines,
-            &flows.lease,
-            lease,
-            now,
-        ));
+        r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
     }
     handoffs.queue.clear();
 }

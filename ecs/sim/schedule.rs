@@ -24,10 +24,10 @@ use crate::metrics::{Counters, CustomMetrics, Gauges, InFlightTrend, Metrics, Re
 use crate::router::book::RouterBook;
 use crate::router::gateway::{route_gateway, routing_system};
 use crate::router::policy::Policies;
-use crate::router::sidecar::handoff_system;
+use crate::router::sidecar::{hand_off, handoff_system};
 use crate::router::{Router, RouterMode};
-use crate::scenario::Dispatch;
 use crate::scenario::{self, Scenario};
+use crate::scenario::{Dispatch, TransferMode};
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, EngineIndex, Event, Failed, FaultQueue, FaultRng,
     Finished, Gateway, Handoffs, Parked, PhaseIndex, RunStatus, TickEvents,
@@ -671,6 +671,8 @@ type FastTickParams = (
         ResMut<'static, Failed>,
         Query<'static, 'static, &'static mut Lease>,
         Query<'static, 'static, &'static Nic>,
+        ResMut<'static, FaultRng>,
+        Res<'static, CurrentScenario>,
     ),
 );
 
@@ -813,6 +815,17 @@ fn routes_on_fast(events: &EventsDue, world: &World) -> bool {
         && world.resource::<CurrentScenario>().0.router.dispatch != Dispatch::Parallel
 }
 
+/// Whether a fast tick may hand prefills off itself, rather than hand over
+/// to the list at retirement: a hand-off then spawns only leases, which
+/// nothing looks up before the fast ticks stop and apply their commands
+/// (a lease's flows start at a read, its expiry is a deadline: both are
+/// ticks of the list). Store-and-forward starts its copy's flows at once,
+/// and the link sharing of the same tick reads them; a parallel dispatch
+/// despawns the prefill leg.
+fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
+    flows.mode != TransferMode::StoreAndForward && scenario.0.router.dispatch != Dispatch::Parallel
+}
+
 /// Ticks whose events are all step ends and flow completions, as
 /// [`DirectTick`]'s list runs them: of the systems before step end only the
 /// transfers may have work (no other event is due, their queues are
@@ -849,7 +862,17 @@ fn fast_ticks(
         (mut scratch, mut handoffs, mut finished),
         (index, mut agenda, mut parked, mut recorder, mut status),
         (mut gauges, mut counters, mut trend, mut retirement),
-        (faults, mut gateway, mut flows, mut flow_q, mut failed, mut leases, nics),
+        (
+            faults,
+            mut gateway,
+            mut flows,
+            mut flow_q,
+            mut failed,
+            mut leases,
+            nics,
+            mut rng,
+            scenario,
+        ),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -961,7 +984,8 @@ fn fast_ticks(
             for &(e, _) in &events.step_ends {
                 scratch.may_start[index.position(e).expect("an engine")] = true;
             }
-            if due::handoff(handoffs) {
+            let hands_off = due::handoff(handoffs);
+            if hands_off && !hands_off_on_fast(&flows, &scenario) {
                 return Some(RETIRE);
             }
             if due::retire(finished) {
@@ -974,6 +998,22 @@ fn fast_ticks(
                     agenda,
                     &mut retirement,
                 );
+            }
+            if hands_off {
+                let (router, commands) = retirement.router();
+                hand_off(
+                    now,
+                    handoffs,
+                    &mut flows,
+                    (&mut engines, &nics, &mut reqs),
+                    router,
+                    (deadlines, agenda, &mut failed),
+                    (&mut rng, &scenario.0.faults),
+                    commands,
+                );
+                // (The decode legs wait on their decoders: every engine is
+                // looked at, as the list's step start does.)
+                scratch.may_start.fill(true);
             }
         }
         // (The ticks after the first are all taken up at step end.)
