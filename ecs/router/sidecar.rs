@@ -157,7 +157,14 @@ pub(crate) fn hand_off(
                 r.remote_tokens = r.prompt;
                 r.read_started_at = Some(now);
                 let d_nic = *nics.get(decoder).expect("decoder");
-                lease.parts_left = flows.start(commands, id, &p_nic, &d_nic, r.prompt, now);
+                lease.parts_left = flows.start(
+                    |f| commands.spawn(f).id(),
+                    id,
+                    &p_nic,
+                    &d_nic,
+                    r.prompt,
+                    now,
+                );
             }
         }
         r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));

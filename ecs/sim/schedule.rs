@@ -37,7 +37,8 @@ use crate::sim::phases::phase_system;
 use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
 use crate::sim::{SIM_TIME, SimSystems};
 use crate::transfer::systems::{
-    bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth, transfer_system,
+    NewFlows, bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth,
+    start_reads, transfer_system,
 };
 use crate::transfer::{Flow, Flows, Lease, Nic};
 use crate::workload::trace::TraceReads;
@@ -496,8 +497,8 @@ const CHECK_EVERY: u64 = 1024;
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
 /// the clock set. Returns whether a fast tick can take it ([`fast_ticks`]):
-/// its events are all step ends and flow completions, and no lease's
-/// deadline is due (None: nothing comes by the horizon, and nothing was
+/// its events are all step ends, flow completions and reads' starts, and no
+/// lease's deadline is due (None: nothing comes by the horizon, and nothing was
 /// changed).
 fn pop_tick(
     horizon: f64,
@@ -514,7 +515,10 @@ fn pop_tick(
     events.clear();
     let mut fast = true;
     while let Some(e) = agenda.pop_at(t) {
-        fast &= matches!(e, Event::StepEnd(..) | Event::FlowDone { .. });
+        fast &= matches!(
+            e,
+            Event::StepEnd(..) | Event::FlowDone { .. } | Event::ReadStart(..)
+        );
         events.push(e);
     }
     if deadline == Some(t) {
@@ -597,7 +601,8 @@ struct EventsDue {
     workload: bool,
     retries: bool,
     transfers: bool,
-    /// Transfer events other than flow ends (which a fast tick takes).
+    /// Transfer events other than flow ends and reads' starts (which a fast
+    /// tick takes).
     transfers_beyond_flows: bool,
     step_end: bool,
 }
@@ -610,9 +615,7 @@ impl EventsDue {
             workload: due::workload(e),
             retries: due::retries(e),
             transfers: due::transfers(e),
-            transfers_beyond_flows: !(e.read_starts.is_empty()
-                && e.registrations.is_empty()
-                && e.lease_deadlines.is_empty()),
+            transfers_beyond_flows: !(e.registrations.is_empty() && e.lease_deadlines.is_empty()),
             step_end: due::step_end(e),
         }
     }
@@ -698,6 +701,7 @@ type FastTickParams = (
 struct DirectTick {
     systems: Vec<Gated>,
     fast: SystemState<FastTickParams>,
+    new_flows: NewFlows,
 }
 
 impl DirectTick {
@@ -734,7 +738,11 @@ impl DirectTick {
             system.initialize(world);
         }
         let fast = SystemState::new(world);
-        DirectTick { systems, fast }
+        DirectTick {
+            systems,
+            fast,
+            new_flows: NewFlows::default(),
+        }
     }
 
     /// One tick; `fast`: a fast tick can take it ([`pop_tick`]). A fast
@@ -786,10 +794,16 @@ impl DirectTick {
 
     /// The fast ticks from `stage` of the current tick ([`fast_ticks`]).
     fn fast(&mut self, world: &mut World, horizon: f64, stage: Stage) -> Option<usize> {
-        let at = fast_ticks(&mut self.fast, world, horizon, stage);
-        // The retired requests leave the world (nothing in a fast tick
-        // looks for them, and nothing is spawned there).
+        let at = fast_ticks(&mut self.fast, &mut self.new_flows, world, horizon, stage);
+        // The retired requests leave the world, and the leases granted
+        // join it (nothing in a fast tick looks any of them up); then the
+        // flows started join it, but those that also ended, despawned.
         self.fast.apply(world);
+        for (id, flow) in self.new_flows.0.drain(..) {
+            if let Ok(mut e) = world.get_entity_mut(id) {
+                e.insert(flow);
+            }
+        }
         at
     }
 }
@@ -854,6 +868,7 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
 /// done).
 fn fast_ticks(
     state: &mut SystemState<FastTickParams>,
+    new_flows: &mut NewFlows,
     world: &mut World,
     horizon: f64,
     mut stage: Stage,
@@ -893,6 +908,11 @@ fn fast_ticks(
     // what the tick before read (nothing else changes an engine here).
     scratch.may_start.clear();
     scratch.may_start.resize(index.len(), true);
+    // Whether this tick's hand-offs granted leases, which join the world
+    // when the fast ticks stop: they stop after this tick, so that a
+    // read's start, which looks its lease up, finds it (the reads of this
+    // tick started before its hand-offs).
+    let mut leases_granted = false;
     loop {
         let mut lane = Lane::Untouched;
         // (An arrival's tick, from routing on: the list ran the systems
@@ -929,7 +949,7 @@ fn fast_ticks(
                 clock.now,
                 &events.flow_done,
                 &mut flows,
-                |f| flow_q.get(f).expect("active flow"),
+                |f| new_flows.get(f, &flow_q),
                 &mut leases,
                 &mut engines,
                 &mut reqs,
@@ -937,6 +957,22 @@ fn fast_ticks(
                 retirement.commands(),
             ) {
                 scratch.may_start.fill(true);
+            }
+            // (Then, as the list's transfers, the reads whose latency ended
+            // start: their flows wait in `new_flows`.)
+            if !events.read_starts.is_empty() {
+                let commands = retirement.commands();
+                start_reads(
+                    clock.now,
+                    &events.read_starts,
+                    &mut flows,
+                    (&mut reqs, &mut leases, &nics),
+                    |f| {
+                        let id = commands.spawn_empty().id();
+                        new_flows.0.push((id, f));
+                        id
+                    },
+                );
             }
             // A continued run's step end alone, in a tick where nothing
             // else has work: the lone lane takes it, and the ticks after it
@@ -1014,6 +1050,7 @@ fn fast_ticks(
                     (&mut rng, &scenario.0.faults),
                     commands,
                 );
+                leases_granted = true;
                 // (The decode legs wait on their decoders: every engine is
                 // looked at, as the list's step start does.)
                 scratch.may_start.fill(true);
@@ -1051,14 +1088,14 @@ fn fast_ticks(
             post_reads(now, &flows, parked, agenda);
         }
         if due::bandwidth(&flows) {
-            share_bandwidth(now, &mut flows, &mut flow_q, agenda);
+            share_bandwidth(now, &mut flows, (&mut flow_q, new_flows), agenda);
         }
         if due::failures(&failed) {
             return Some(FAIL);
         }
         observe(now, &index, gauges, counters, trend);
         // The tick is done; the loop would hand over the next one now.
-        if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() {
+        if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() || leases_granted {
             return None;
         }
         match pop_tick(horizon, agenda, deadlines, events, clock) {

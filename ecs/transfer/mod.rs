@@ -185,10 +185,11 @@ impl Flows {
 
     /// Starts the transfer of `tokens` for `request` from prefiller NICs
     /// `p` to decoder NICs `d`: one flow per pair of ranks holding the same
-    /// heads. Returns how many flows it made.
+    /// heads, each made an entity by `spawn`. Returns how many flows it
+    /// made.
     pub(crate) fn start(
         &mut self,
-        commands: &mut Commands,
+        mut spawn: impl FnMut(Flow) -> Entity,
         request: Entity,
         p: &Nic,
         d: &Nic,
@@ -221,7 +222,7 @@ impl Flows {
                 updated: now,
                 finish_at: f64::INFINITY,
             };
-            let id = commands.spawn(flow).id();
+            let id = spawn(flow);
             self.active.push(id);
             for l in links {
                 self.per_link[l as usize] += 1;

@@ -79,7 +79,30 @@ pub fn transfer_system(
             None => {}
         }
     }
-    for &request in &events.read_starts {
+    start_reads(
+        now,
+        &events.read_starts,
+        flows,
+        (&mut reqs, &mut leases, &nics),
+        |f| commands.spawn(f).id(),
+    );
+}
+
+/// The reads whose latency ended start flowing (`read_starts`), each flow
+/// made an entity by `spawn`. (The loop's fast tick calls it too, with a
+/// `spawn` that keeps the flows until it stops: [`NewFlows`].)
+pub(crate) fn start_reads(
+    now: f64,
+    read_starts: &[Entity],
+    flows: &mut Flows,
+    (reqs, leases, nics): (
+        &mut Query<&mut Request>,
+        &mut Query<&mut Lease>,
+        &Query<&Nic>,
+    ),
+    mut spawn: impl FnMut(Flow) -> Entity,
+) {
+    for &request in read_starts {
         let Ok(mut r) = reqs.get_mut(request) else {
             continue;
         };
@@ -98,8 +121,33 @@ pub fn transfer_system(
         r.read_started_at = Some(now);
         let p = *nics.get(r.prefiller.expect("remote")).expect("prefiller");
         let d = *nics.get(r.decoder.expect("routed")).expect("decoder");
-        let parts = flows.start(&mut commands, request, &p, &d, r.remote_tokens, now);
+        let parts = flows.start(&mut spawn, request, &p, &d, r.remote_tokens, now);
         leases.get_mut(lease_id).expect("lease").parts_left = parts;
+    }
+}
+
+/// Flows a fast tick started, kept here until the fast ticks stop (their
+/// entities are reserved at once; their components are inserted after the
+/// fast ticks' commands are applied). Nothing outside the fast ticks looks
+/// flows up in between, and inside them each look-up looks here first.
+#[derive(Default)]
+pub(crate) struct NewFlows(pub(crate) Vec<(Entity, Flow)>);
+
+impl NewFlows {
+    /// Flow `f`, new or in the world.
+    pub(crate) fn get<'a>(&'a self, f: Entity, flow_q: &'a Query<&mut Flow>) -> &'a Flow {
+        match self.0.iter().find(|(e, _)| *e == f) {
+            Some((_, flow)) => flow,
+            None => flow_q.get(f).expect("active flow"),
+        }
+    }
+
+    /// Flow `f`, new or in the world, to change.
+    fn get_mut<'a>(&'a mut self, f: Entity, flow_q: &'a mut Query<&mut Flow>) -> &'a mut Flow {
+        match self.0.iter_mut().find(|(e, _)| *e == f) {
+            Some((_, flow)) => flow,
+            None => flow_q.get_mut(f).expect("active flow").into_inner(),
+        }
     }
 }
 
@@ -317,14 +365,15 @@ pub fn bandwidth_system(
     mut flow_q: Query<&mut Flow>,
     mut agenda: ResMut<Agenda>,
 ) {
-    share_bandwidth(clock.now, &mut flows, &mut flow_q, &mut agenda);
+    let mut none = NewFlows::default();
+    share_bandwidth(clock.now, &mut flows, (&mut flow_q, &mut none), &mut agenda);
 }
 
 /// What [`bandwidth_system`] does (the loop's fast tick calls it too).
 pub(crate) fn share_bandwidth(
     now: f64,
     flows: &mut Flows,
-    flow_q: &mut Query<&mut Flow>,
+    (flow_q, new): (&mut Query<&mut Flow>, &mut NewFlows),
     agenda: &mut Agenda,
 ) {
     if !flows.changed {
@@ -338,7 +387,7 @@ pub(crate) fn share_bandwidth(
     }
     flows.scratch_links.clear();
     for &f in &flows.active {
-        let mut flow = flow_q.get_mut(f).expect("active flow");
+        let flow = new.get_mut(f, flow_q);
         let elapsed = now - flow.updated;
         flow.remaining = (flow.remaining - flow.rate * elapsed).max(0.0);
         flow.updated = now;
@@ -354,7 +403,7 @@ pub(crate) fn share_bandwidth(
     );
     let mut earliest = f64::INFINITY;
     for (k, &f) in flows.active.iter().enumerate() {
-        let mut flow = flow_q.get_mut(f).expect("active flow");
+        let flow = new.get_mut(f, flow_q);
         flow.rate = flows.scratch_rates[k];
         flow.finish_at = now + flow.remaining / flow.rate;
         for p in flow.pods {
