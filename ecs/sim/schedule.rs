@@ -840,24 +840,26 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
     flows.mode != TransferMode::StoreAndForward && scenario.0.router.dispatch != Dispatch::Parallel
 }
 
-/// Ticks whose events are all step ends and flow completions, as
-/// [`DirectTick`]'s list runs them: of the systems before step end only the
-/// transfers may have work (no other event is due, their queues are
-/// empty), so each ends the flows that completed (their transfers done:
-/// [`finish_flows`]), ends the steps, retires the requests that finished,
-/// hands the prefills that ended off (where [`hands_off_on_fast`]; else the
-/// list takes the tick over at retirement), forms the next steps, posts
-/// the reads of the requests parked, shares the links anew when the flows
-/// changed, and when no failure is to be handled, observes. From
-/// [`Stage::Routing`] (a tick the list ran up to routing:
-/// [`routes_on_fast`]) it routes first, as the list would, and takes the
-/// tick up at step end. From [`Stage::Routing`] or [`Stage::StepStart`],
-/// after a transfer completed or a hand-off, every engine is looked at, as
-/// the list's step start does. (The despawns of the retired requests and
-/// of the ended flows and leases, and the leases the hand-offs grant, are
-/// applied in the order the list would apply them when the fast ticks
-/// stop: nothing in a fast tick looks any of them up, and an entity
-/// despawned is not reused before then.) Then the
+/// Ticks whose events are all step ends, flow completions and reads'
+/// starts, as [`DirectTick`]'s list runs them: of the systems before step
+/// end only the transfers may have work (no other event is due, their
+/// queues are empty), so each ends the flows that completed (their
+/// transfers done: [`finish_flows`]), starts the reads ([`start_reads`]),
+/// ends the steps, retires the requests that finished, hands the prefills
+/// that ended off (where [`hands_off_on_fast`]; else the list takes the
+/// tick over at retirement), forms the next steps, posts the reads of the
+/// requests parked, shares the links anew when the flows changed, and when
+/// no failure is to be handled, observes. From [`Stage::Routing`] (a tick
+/// the list ran up to routing: [`routes_on_fast`]) it routes first, as the
+/// list would, and takes the tick up at step end. From [`Stage::Routing`]
+/// or [`Stage::StepStart`], after a transfer completed or a hand-off, every
+/// engine is looked at, as the list's step start does. (The despawns of
+/// the retired requests and of the ended flows and leases, and the leases
+/// the hand-offs grant, are applied in the order the list would apply them
+/// when the fast ticks stop: nothing in a fast tick looks any of them up —
+/// they stop after a tick that granted leases, which reads look up — and an
+/// entity despawned is not reused before then. The flows a read starts are
+/// looked up in `new_flows` until then: [`NewFlows`].) Then the
 /// next tick is handed over here, as the loop would ([`pop_tick`]), on the
 /// same fetch of the resources: that is most of a fast tick's cost. It
 /// stops at the loop's next backlog check (a tick count that is a multiple
