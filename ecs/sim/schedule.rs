@@ -497,9 +497,9 @@ const CHECK_EVERY: u64 = 1024;
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
 /// the clock set. Returns whether a fast tick can take it ([`fast_ticks`]):
-/// its events are all step ends, flow completions and reads' starts, and no
-/// lease's deadline is due (None: nothing comes by the horizon, and nothing was
-/// changed).
+/// its events are all step ends, flow completions and reads' starts, and
+/// no lease's deadline is due (None: nothing comes by the horizon, and
+/// nothing was changed).
 fn pop_tick(
     horizon: f64,
     agenda: &mut Agenda,
@@ -601,9 +601,9 @@ struct EventsDue {
     workload: bool,
     retries: bool,
     transfers: bool,
-    /// Transfer events other than flow ends and reads' starts (which a fast
-    /// tick takes).
-    transfers_beyond_flows: bool,
+    /// Push registrations or lease deadlines: the transfer events a fast
+    /// tick does not take (it takes flow ends and reads' starts).
+    registrations_or_deadlines: bool,
     step_end: bool,
 }
 
@@ -615,7 +615,8 @@ impl EventsDue {
             workload: due::workload(e),
             retries: due::retries(e),
             transfers: due::transfers(e),
-            transfers_beyond_flows: !(e.registrations.is_empty() && e.lease_deadlines.is_empty()),
+            registrations_or_deadlines: !(e.registrations.is_empty()
+                && e.lease_deadlines.is_empty()),
             step_end: due::step_end(e),
         }
     }
@@ -688,14 +689,15 @@ type FastTickParams = (
 /// of the run.
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
-/// boundary, or a request finishing) and flows (a transfer's KV arrived):
-/// those run the bodies of the systems with work — flow ends, step end,
-/// retire, step start, reads, bandwidth, observe — on one fetch of their
-/// resources, and so do the ticks after them while they are the same
-/// ([`fast_ticks`]); they hand over to the list
-/// where another system turns out to have work (a prefill to hand off, a
-/// failure). The list hands back at step start: the systems from there on
-/// spawn nothing, so the same fetch runs them (the tail of every tick). It
+/// boundary, or a request finishing), end flows (a transfer's KV arrived)
+/// or start reads: those run the bodies of the systems with work — flow
+/// ends, reads' starts, step end, retire, hand-off, step start, reads
+/// posted, bandwidth, observe — on one fetch of their resources, and so do
+/// the ticks after them while they are the same ([`fast_ticks`]); they
+/// hand over to the list where another system turns out to have work (a
+/// store-and-forward or parallel hand-off, a failure). The list hands back
+/// at step start: the systems from there on spawn nothing, so the same
+/// fetch runs them (the tail of every tick). It
 /// hands back at routing when it can ([`routes_on_fast`]): an arrival's
 /// routing then runs on that fetch rather than on one of its own.
 struct DirectTick {
@@ -820,12 +822,13 @@ enum Stage {
 
 /// Whether the list may hand a tick whose routing has work over to the
 /// fast ticks at routing: what the list runs from routing to step start,
-/// the fast tick runs the same — no transfer event but flow ends is due
-/// (step ends, retirement and hand-offs it takes as in any fast tick) —
+/// the fast tick runs the same — no transfer event but flow ends and
+/// reads' starts is due (step ends, retirement and hand-offs it takes as
+/// in any fast tick) —
 /// and routing spawns nothing (a parallel dispatch spawns decode legs,
 /// which step start looks up in the same tick).
 fn routes_on_fast(events: &EventsDue, world: &World) -> bool {
-    !events.transfers_beyond_flows
+    !events.registrations_or_deadlines
         && world.resource::<CurrentScenario>().0.router.dispatch != Dispatch::Parallel
 }
 
