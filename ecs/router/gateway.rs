@@ -5,7 +5,7 @@
 
 use bevy_ecs::prelude::*;
 
-use crate::engine::{Engine, KvPool, KvSource, Leg, Request, Role, Status, reusable};
+use crate::engine::{Engine, KvPool, KvSource, Leg, Request, RequestStore, Role, Status, reusable};
 use crate::error::Error;
 use crate::router::book::RouterBook;
 use crate::router::policy::{PodView, ReqView};
@@ -119,7 +119,7 @@ pub(crate) fn route_gateway(
     (engines, nics, reqs): (
         &mut Query<(&mut Engine, &mut KvPool)>,
         &Query<&Nic>,
-        &mut Query<&mut Request>,
+        &mut impl RequestStore,
     ),
     flows: &Flows,
     status: &mut RunStatus,
@@ -128,7 +128,7 @@ pub(crate) fn route_gateway(
     commands: &mut Commands,
 ) {
     for &id in &events.prefill_retries {
-        let mut r = reqs.get_mut(id).expect("a prefill leg to send again");
+        let r = reqs.req(id);
         let p = r.prefiller.expect("remote");
         let (mut engine, _) = engines.get_mut(p).expect("prefiller");
         if engine.down {
@@ -153,7 +153,7 @@ pub(crate) fn route_gateway(
         let (decoder, prefiller) = match decision {
             Ok(Some(choice)) => choice,
             Ok(None) => {
-                reqs.get_mut(id).expect("routed request").status = Status::Failed;
+                reqs.req(id).status = Status::Failed;
                 failed.queue.push((id, FailReason::NoEndpoint));
                 continue;
             }
@@ -164,7 +164,7 @@ pub(crate) fn route_gateway(
         };
         let d_index = engines.get(decoder).expect("decoder").0.index;
         let p_index = prefiller.map(|p| engines.get(p).expect("prefiller").0.index);
-        let mut r = reqs.get_mut(id).expect("routed request");
+        let r = reqs.req(id);
         tracing::debug!(
             request = r.id,
             session = r.session,
@@ -177,7 +177,7 @@ pub(crate) fn route_gateway(
         r.prefiller = prefiller;
         router.book.routed(d_index, p_index, r.prompt, &r.path);
         let Some(p) = prefiller else {
-            enqueue(id, &mut r, decoder, engines, failed);
+            enqueue(id, r, decoder, engines, failed);
             continue;
         };
         r.leg = Leg::Prefill;
@@ -192,7 +192,7 @@ pub(crate) fn route_gateway(
             let twin_id = commands.spawn_empty().id();
             r.twin = Some(twin_id);
             r.next_turn = None;
-            enqueue(id, &mut r, p, engines, failed);
+            enqueue(id, r, p, engines, failed);
             if engines.get(decoder).expect("decoder").0.down {
                 twin.status = Status::Failed;
                 failed.queue.push((twin_id, FailReason::DecoderDown));
@@ -205,7 +205,7 @@ pub(crate) fn route_gateway(
             }
             commands.entity(twin_id).insert(twin);
         } else {
-            enqueue(id, &mut r, p, engines, failed);
+            enqueue(id, r, p, engines, failed);
         }
     }
     gateway.queue.clear();
@@ -244,11 +244,11 @@ fn route(
     index: &EngineIndex,
     engines: &Query<(&mut Engine, &mut KvPool)>,
     nics: &Query<&Nic>,
-    reqs: &Query<&mut Request>,
+    reqs: &impl RequestStore,
     flows: &Flows,
     now: f64,
 ) -> Result<Option<(Entity, Option<Entity>)>, Error> {
-    let r = reqs.get(id).expect("request at the gateway");
+    let r = reqs.request(id).expect("request at the gateway");
     let policies = match &mut router.mode {
         RouterMode::Direct => {
             return Ok(Some((

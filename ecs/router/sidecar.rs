@@ -6,7 +6,7 @@
 use bevy_ecs::prelude::*;
 use rand::RngExt;
 
-use crate::engine::{Engine, KvPool, KvSource, Request, Status};
+use crate::engine::{Engine, KvPool, KvSource, Request, RequestStore, Status};
 use crate::router::Router;
 use crate::scenario::{Fault, TransferMode};
 use crate::shared::{
@@ -73,7 +73,7 @@ pub(crate) fn hand_off(
     (engines, nics, reqs): (
         &mut Query<(&mut Engine, &mut KvPool)>,
         &Query<&Nic>,
-        &mut Query<&mut Request>,
+        &mut impl RequestStore,
     ),
     router: &mut Router,
     (deadlines, agenda, failed): (&mut Deadlines, &mut Agenda, &mut Failed),
@@ -81,7 +81,7 @@ pub(crate) fn hand_off(
     commands: &mut Commands,
 ) {
     for &id in &handoffs.queue {
-        let mut r = reqs.get_mut(id).expect("answered prefill");
+        let r = reqs.req(id);
         let prefiller = r.prefiller.expect("remote");
         let decoder = r.decoder.expect("routed");
         r.t1 = Some(now);
@@ -107,14 +107,14 @@ pub(crate) fn hand_off(
             // leg's work is done.
             let first_scheduled = r.first_scheduled_at;
             commands.entity(id).despawn();
-            let booked = reqs.get(twin).ok().filter(|t| t.status != Status::Failed);
+            let booked = reqs.request(twin).filter(|t| t.status != Status::Failed);
             lease.request = twin;
             lease.renewable = flows.lease.renew_in_parallel_dispatch;
             lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
             lease.stranded |= booked.is_none();
             let stranded = lease.stranded;
             let l = grant(commands, deadlines, &flows.lease, lease, now);
-            let Ok(mut d) = reqs.get_mut(twin) else {
+            let Some(d) = reqs.request_mut(twin) else {
                 continue;
             };
             if d.status == Status::Failed {

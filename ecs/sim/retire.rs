@@ -108,6 +108,18 @@ impl<'w, 's> Retirement<'w, 's> {
     pub(crate) fn router(&mut self) -> (&mut Router, &mut Commands<'w, 's>) {
         (&mut self.router, &mut self.commands)
     }
+
+    /// What issuing a request writes besides the counters (a fast tick
+    /// issues later turns on this fetch), with the queue.
+    pub(crate) fn issue(
+        &mut self,
+    ) -> (&mut Commands<'w, 's>, &mut Metrics, Option<&mut AiperfLog>) {
+        (
+            &mut self.commands,
+            &mut self.metrics,
+            self.aiperf.as_deref_mut(),
+        )
+    }
 }
 
 /// System, at the end of the tick: requests (and prefill legs) that failed

@@ -15,7 +15,9 @@ use crate::engine::repeat::Boundary;
 use crate::engine::systems::{
     StepScratch, end_steps, start_steps, step_end_system, step_start_system,
 };
-use crate::engine::{BlockPool, Engine, KvPool, Request, Role, StepLog};
+use crate::engine::{
+    Arriving, BlockPool, Engine, KvPool, Request, RequestStore, Role, StepLog, WithArriving,
+};
 use crate::error::Result;
 use crate::metrics::backlog::MAX_IN_FLIGHT;
 use crate::metrics::figures::{SeriesRecorder, series_system};
@@ -42,7 +44,9 @@ use crate::transfer::systems::{
 };
 use crate::transfer::{Flow, Flows, Lease, Nic};
 use crate::workload::trace::TraceReads;
-use crate::workload::{self, SharedTrace, TraceRequest, WorkloadState, workload_system};
+use crate::workload::{
+    self, Session, SharedTrace, TraceRequest, WorkloadState, issue_later_turns, workload_system,
+};
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
 
@@ -220,6 +224,7 @@ impl Sim {
         world.insert_resource(PhaseIndex::default());
         world.insert_resource(RunStatus::default());
         world.insert_resource(StepScratch::default());
+        world.insert_resource(Arriving::default());
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
@@ -497,9 +502,9 @@ const CHECK_EVERY: u64 = 1024;
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
 /// the clock set. Returns whether a fast tick can take it ([`fast_ticks`]):
-/// its events are all step ends, flow completions and reads' starts, and
-/// no lease's deadline is due (None: nothing comes by the horizon, and
-/// nothing was changed).
+/// its events are all step ends, flow completions, reads' starts, later
+/// turns of sessions and trace requests, and no lease's deadline is due
+/// (None: nothing comes by the horizon, and nothing was changed).
 fn pop_tick(
     horizon: f64,
     agenda: &mut Agenda,
@@ -517,7 +522,11 @@ fn pop_tick(
     while let Some(e) = agenda.pop_at(t) {
         fast &= matches!(
             e,
-            Event::StepEnd(..) | Event::FlowDone { .. } | Event::ReadStart(..)
+            Event::StepEnd(..)
+                | Event::FlowDone { .. }
+                | Event::ReadStart(..)
+                | Event::NextTurn(..)
+                | Event::TraceArrival(..)
         );
         events.push(e);
     }
@@ -678,6 +687,12 @@ type FastTickParams = (
         ResMut<'static, FaultRng>,
         Res<'static, CurrentScenario>,
     ),
+    (
+        ResMut<'static, WorkloadState>,
+        Res<'static, PhaseIndex>,
+        Query<'static, 'static, &'static mut Session>,
+        ResMut<'static, Arriving>,
+    ),
 );
 
 /// The built-in systems run one after the other, without the schedule's
@@ -689,10 +704,11 @@ type FastTickParams = (
 /// of the run.
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
-/// boundary, or a request finishing), end flows (a transfer's KV arrived)
-/// or start reads: those run the bodies of the systems with work — flow
-/// ends, reads' starts, step end, retire, hand-off, step start, reads
-/// posted, bandwidth, observe — on one fetch of their resources, and so do
+/// boundary, or a request finishing), end flows (a transfer's KV arrived),
+/// start reads or issue a session's later turn: those run the bodies of the
+/// systems with work — workload, routing, flow ends, reads' starts, step
+/// end, retire, hand-off, step start, reads posted, bandwidth, observe — on
+/// one fetch of their resources, and so do
 /// the ticks after them while they are the same ([`fast_ticks`]); they
 /// hand over to the list where another system turns out to have work (a
 /// store-and-forward or parallel hand-off, a failure). The list hands back
@@ -797,10 +813,15 @@ impl DirectTick {
     /// The fast ticks from `stage` of the current tick ([`fast_ticks`]).
     fn fast(&mut self, world: &mut World, horizon: f64, stage: Stage) -> Option<usize> {
         let at = fast_ticks(&mut self.fast, &mut self.new_flows, world, horizon, stage);
-        // The retired requests leave the world, and the leases granted
-        // join it (nothing in a fast tick looks any of them up); then the
-        // flows started join it, but those that also ended, despawned.
+        // The requests issued join the world and the retired ones leave
+        // it, and the leases granted join it, in the order the list would
+        // have spawned and despawned them; then the flows started join it,
+        // but those that also ended, despawned.
         self.fast.apply(world);
+        debug_assert!(
+            world.resource::<Arriving>().0.is_empty(),
+            "every request the fast ticks issued joined the world"
+        );
         for (id, flow) in self.new_flows.0.drain(..) {
             if let Ok(mut e) = world.get_entity_mut(id) {
                 e.insert(flow);
@@ -811,8 +832,9 @@ impl DirectTick {
 }
 
 /// Where [`fast_ticks`] takes up the current tick: at routing (the list ran
-/// the systems before it), at step end (a tick of step ends and flow ends
-/// only), or at step start (the list ran the systems before it).
+/// the systems before it), at its start (a tick the fast ticks take
+/// whole: [`pop_tick`]; named for where the ticks without arrivals start),
+/// or at step start (the list ran the systems before it).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
     Routing,
@@ -843,11 +865,15 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
     flows.mode != TransferMode::StoreAndForward && scenario.0.router.dispatch != Dispatch::Parallel
 }
 
-/// Ticks whose events are all step ends, flow completions and reads'
-/// starts, as [`DirectTick`]'s list runs them: of the systems before step
-/// end only the transfers may have work (no other event is due, their
-/// queues are empty), so each ends the flows that completed (their
-/// transfers done: [`finish_flows`]), starts the reads ([`start_reads`]),
+/// Ticks whose events are all step ends, flow completions, reads' starts
+/// and arrivals of later turns or trace requests, as [`DirectTick`]'s list
+/// runs them: of the systems before step end only the workload, routing
+/// and the transfers may have work (no other event is due), so each issues
+/// the requests that arrive ([`issue_later_turns`]: a new session, which
+/// spawns its session, and a parallel dispatch, which spawns decode legs,
+/// hand over to the list), routes them, ends the flows that completed
+/// (their transfers done: [`finish_flows`]), starts the reads
+/// ([`start_reads`]),
 /// ends the steps, retires the requests that finished, hands the prefills
 /// that ended off (where [`hands_off_on_fast`]; else the list takes the
 /// tick over at retirement), forms the next steps, posts the reads of the
@@ -855,14 +881,16 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
 /// no failure is to be handled, observes. From [`Stage::Routing`] (a tick
 /// the list ran up to routing: [`routes_on_fast`]) it routes first, as the
 /// list would, and takes the tick up at step end. From [`Stage::Routing`]
-/// or [`Stage::StepStart`], after a transfer completed or a hand-off, every
-/// engine is looked at, as the list's step start does. (The despawns of
-/// the retired requests and of the ended flows and leases, and the leases
-/// the hand-offs grant, are applied in the order the list would apply them
-/// when the fast ticks stop: nothing in a fast tick looks any of them up —
-/// they stop after a tick that granted leases, which reads look up — and an
-/// entity despawned is not reused before then. The flows a read starts are
-/// looked up in `new_flows` until then: [`NewFlows`].) Then the
+/// or [`Stage::StepStart`], after routing, a transfer completed or a
+/// hand-off, every engine is looked at, as the list's step start does.
+/// (The requests issued, the despawns of the retired requests and of the
+/// ended flows and leases, and the leases the hand-offs grant, are applied
+/// in the order the list would apply them when the fast ticks stop, so the
+/// requests' table has the list's order: nothing in a fast tick looks a
+/// lease up — they stop after a tick that granted leases, which reads look
+/// up — and an entity despawned is not reused before then. The requests
+/// issued are looked up in [`Arriving`] until then, and the flows a read
+/// starts in `new_flows`: [`NewFlows`].) Then the
 /// next tick is handed over here, as the loop would ([`pop_tick`]), on the
 /// same fetch of the resources: that is most of a fast tick's cost. It
 /// stops at the loop's next backlog check (a tick count that is a multiple
@@ -896,9 +924,16 @@ fn fast_ticks(
             mut rng,
             scenario,
         ),
+        (mut workload, phase, mut sessions, mut arriving),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
+    // The requests issued here are looked up in `arriving` until they join
+    // the world.
+    let mut reqs = WithArriving {
+        table: &mut reqs,
+        arriving: &mut arriving,
+    };
     // The resources written each tick, marked changed once here rather
     // than on every tick's use (the same change tick: the fetch's).
     let (clock, events, deadlines) = (&mut *clock, &mut *events, &mut *deadlines);
@@ -920,9 +955,38 @@ fn fast_ticks(
     let mut leases_granted = false;
     loop {
         let mut lane = Lane::Untouched;
-        // (An arrival's tick, from routing on: the list ran the systems
-        // before it. Its engines all have their steps formed below.)
-        let routed = stage == Stage::Routing;
+        // Whether the tick routes: one the list ran up to routing, or one
+        // whose arrivals (later turns, trace requests) or retries the list
+        // would issue and route before its transfers, as here.
+        let routed = match stage {
+            Stage::Routing => true,
+            Stage::StepEnd => {
+                if due::faults(events, &faults) || events.session_arrivals > 0 {
+                    return Some(0);
+                }
+                let arrivals = !(events.next_turns.is_empty() && events.trace_arrivals.is_empty());
+                if !(arrivals || due::routing(events, &gateway)) {
+                    false
+                } else if scenario.0.router.dispatch == Dispatch::Parallel {
+                    return Some(0); // (`routes_on_fast`)
+                } else {
+                    if arrivals {
+                        let (commands, metrics, aiperf) = retirement.issue();
+                        issue_later_turns(
+                            clock.now,
+                            events,
+                            (&mut workload, phase.0, &mut sessions),
+                            &mut gateway,
+                            (metrics, counters, aiperf),
+                            commands,
+                            reqs.arriving,
+                        );
+                    }
+                    true
+                }
+            }
+            Stage::StepStart => false,
+        };
         if routed {
             let (router, commands) = retirement.router();
             let parallel = false; // (`routes_on_fast`)
@@ -939,11 +1003,10 @@ fn fast_ticks(
                 parallel,
                 commands,
             );
+            // The requests routed wait on their engines: every engine is
+            // looked at, as the list's step start does.
+            scratch.may_start.fill(true);
             stage = Stage::StepEnd;
-        } else if stage == Stage::StepEnd
-            && (due::faults(events, &faults) || due::routing(events, &gateway))
-        {
-            return Some(0);
         }
         if stage == Stage::StepEnd {
             // (The list's transfers, its only system before step end with
@@ -1036,7 +1099,7 @@ fn fast_ticks(
                 retire(
                     now,
                     finished,
-                    |id| reqs.get(id).expect("a finished request"),
+                    |id| reqs.request(id).expect("a finished request"),
                     |e| engines.get(e).expect("decoder").0.index,
                     counters,
                     agenda,
@@ -1154,7 +1217,7 @@ fn lone_lane(
     (clock, events, deadlines, agenda): (&mut Clock, &mut TickEvents, &Deadlines, &mut Agenda),
     (engines, reqs, index): (
         &mut Query<(&mut Engine, &mut KvPool)>,
-        &mut Query<&mut Request>,
+        &mut impl RequestStore,
         &EngineIndex,
     ),
     (gauges, counters, trend): (&mut Gauges, &Counters, &mut InFlightTrend),

@@ -6,7 +6,7 @@
 
 use bevy_ecs::prelude::*;
 
-use crate::engine::{Engine, KvPool, KvSource, Request, Status};
+use crate::engine::{Engine, KvPool, KvSource, Request, RequestStore, Status};
 use crate::scenario::TransferMode;
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, Event, FaultRng, Parked, TickEvents,
@@ -95,15 +95,11 @@ pub(crate) fn start_reads(
     now: f64,
     read_starts: &[Entity],
     flows: &mut Flows,
-    (reqs, leases, nics): (
-        &mut Query<&mut Request>,
-        &mut Query<&mut Lease>,
-        &Query<&Nic>,
-    ),
+    (reqs, leases, nics): (&mut impl RequestStore, &mut Query<&mut Lease>, &Query<&Nic>),
     mut spawn: impl FnMut(Flow) -> Entity,
 ) {
     for &request in read_starts {
-        let Ok(mut r) = reqs.get_mut(request) else {
+        let Some(r) = reqs.request_mut(request) else {
             continue;
         };
         if r.status == Status::Failed {
@@ -164,7 +160,7 @@ pub(crate) fn finish_flows<'f>(
     flow_of: impl Fn(Entity) -> &'f Flow,
     leases: &mut Query<&mut Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool)>,
-    reqs: &mut Query<&mut Request>,
+    reqs: &mut impl RequestStore,
     deadlines: &mut Deadlines,
     commands: &mut Commands,
 ) -> bool {
@@ -185,7 +181,7 @@ pub(crate) fn finish_flows<'f>(
             flows.per_link[l as usize] -= 1;
         }
         let (request_id, lease_id) = {
-            let r = reqs.get(flow.request).expect("transferring request");
+            let r = reqs.request(flow.request).expect("transferring request");
             (r.id, r.lease)
         };
         if let Some(s) = &mut flows.slices {
@@ -295,10 +291,10 @@ fn complete(
     commands: &mut Commands,
     leases: &Query<&mut Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool)>,
-    reqs: &mut Query<&mut Request>,
+    reqs: &mut impl RequestStore,
     deadlines: &mut Deadlines,
 ) {
-    let mut r = reqs.get_mut(request).expect("transferring request");
+    let r = reqs.req(request);
     let lease_id = r.lease.take().expect("a transfer has a lease");
     let lease = leases.get(lease_id).expect("lease");
     if let Some(key) = lease.deadline {
@@ -318,9 +314,7 @@ fn complete(
     let decoder = r.decoder.expect("routed");
     let (mut d, mut kv) = engines.get_mut(decoder).expect("decoder");
     match flows.mode {
-        TransferMode::NixlPull | TransferMode::NixlPush => {
-            d.read_done(request, &mut kv.0, r.into_inner())
-        }
+        TransferMode::NixlPull | TransferMode::NixlPush => d.read_done(request, &mut kv.0, r),
         TransferMode::StoreAndForward => {
             // Only now does the request queue for the decoder.
             r.kv_source = KvSource::Delivered;

@@ -11,7 +11,7 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use std::sync::Arc;
 
-use crate::engine::{BlockPath, NextTurn, Request};
+use crate::engine::{Arriving, BlockPath, NextTurn, Request};
 use crate::metrics::formats::aiperf::{self, AiperfLog};
 use crate::metrics::{Counters, Metrics};
 use crate::scenario::Sessions;
@@ -79,6 +79,7 @@ pub fn workload_system(
     let state = &mut *state;
     let mut issue = Issue {
         commands: &mut commands,
+        arriving: None,
         gateway: &mut gateway,
         metrics: &mut metrics,
         counters: &mut counters,
@@ -99,22 +100,43 @@ pub fn workload_system(
         let gap = state.next_arrival_gap();
         agenda.schedule(now + gap, Event::SessionArrival);
     }
-    for &entity in &events.next_turns {
-        let mut session = sessions
-            .get_mut(entity)
-            .expect("a continuing session exists");
-        if !issue.turn(entity, &mut session, state) {
-            issue.commands.entity(entity).despawn();
-        }
+    issue.later_turns(&events, &mut sessions, state);
+}
+
+/// What the fast ticks take of [`workload_system`] (`sim::schedule`): the
+/// turns of sessions in the world and the trace's requests, when no new
+/// session arrives (its session is spawned, and looked up at its next
+/// turn). The requests wait in `arriving` until the fast ticks stop.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn issue_later_turns(
+    now: f64,
+    events: &TickEvents,
+    (state, phase, sessions): (&mut WorkloadState, u32, &mut Query<&mut Session>),
+    gateway: &mut Gateway,
+    (metrics, counters, aiperf): (&mut Metrics, &mut Counters, Option<&mut AiperfLog>),
+    commands: &mut Commands,
+    arriving: &mut Arriving,
+) {
+    debug_assert_eq!(events.session_arrivals, 0, "a new session is the list's");
+    Issue {
+        commands,
+        arriving: Some(arriving),
+        gateway,
+        metrics,
+        counters,
+        aiperf,
+        now,
+        phase,
     }
-    for &i in &events.trace_arrivals {
-        issue.trace_request(i, state);
-    }
+    .later_turns(events, sessions, state);
 }
 
 /// What issuing a request touches.
 struct Issue<'a, 'w, 's> {
     commands: &'a mut Commands<'w, 's>,
+    /// Where the fast ticks keep the requests they issue (None: a system's,
+    /// spawned when its commands are applied).
+    arriving: Option<&'a mut Arriving>,
     gateway: &'a mut Gateway,
     metrics: &'a mut Metrics,
     counters: &'a mut Counters,
@@ -124,6 +146,27 @@ struct Issue<'a, 'w, 's> {
 }
 
 impl Issue<'_, '_, '_> {
+    /// The turns due now of sessions back from a tool call, then the trace's
+    /// requests due now.
+    fn later_turns(
+        &mut self,
+        events: &TickEvents,
+        sessions: &mut Query<&mut Session>,
+        state: &mut WorkloadState,
+    ) {
+        for &entity in &events.next_turns {
+            let mut session = sessions
+                .get_mut(entity)
+                .expect("a continuing session exists");
+            if !self.turn(entity, &mut session, state) {
+                self.commands.entity(entity).despawn();
+            }
+        }
+        for &i in &events.trace_arrivals {
+            self.trace_request(i, state);
+        }
+    }
+
     /// A turn with this prompt arrives: counted, and refused when the
     /// prompt reaches `max_model_len` (vLLM refuses it: docs/model.md §3).
     /// Returns whether it goes on to the gateway.
@@ -145,8 +188,23 @@ impl Issue<'_, '_, '_> {
         !too_long
     }
 
+    /// The request goes to the gateway. Issued by the fast ticks, it joins
+    /// the world by a command queued now, after what the ticks before
+    /// queued and before what routing and the steps queue: where the list
+    /// would have spawned it in the requests' table.
     fn send(&mut self, r: Request) {
-        let id = self.commands.spawn(r).id();
+        let id = match self.arriving.as_deref_mut() {
+            None => self.commands.spawn(r).id(),
+            Some(arriving) => {
+                let id = self.commands.spawn_empty().id();
+                arriving.0.push((id, r));
+                self.commands.queue(move |world: &mut World| {
+                    let r = world.resource_mut::<Arriving>().take(id);
+                    world.entity_mut(id).insert(r.expect("an arriving request"));
+                });
+                id
+            }
+        };
         self.gateway.queue.push(id);
     }
 

@@ -155,11 +155,41 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
     // list keeps it), store-and-forward, vLLM's semantics; leases expiring
     // while their reads flow (1 806 of them), and transfers of several
     // rank-to-rank flows (TP 2 to TP 4), whose completions the fast ticks
-    // take.
+    // take; a pod's failure where every request stays on its decoder, so
+    // that requests issued by the fast ticks also finish before their
+    // commands join them to the world; a failure under load (the requests'
+    // table is swept in its order, and the clients' retries are routed in
+    // that order: the requests the fast ticks issue must join it where the
+    // list would spawn them — joined after the other commands instead, the
+    // numbers differ); a trace of multi-turn sessions, whose arrivals the
+    // fast ticks issue.
     fn nothing(_clock: Res<pdsim::shared::Clock>) {}
-    let cases: [(&str, &[&str]); 8] = [
+    let trace = Scratch::file("ext-trace", "sessions.jsonl", &sessions_trace());
+    let trace_set = format!(
+        "workload={{\"trace\": {{\"file\": {:?}, \"block_tokens\": 256}}}}",
+        trace.display().to_string()
+    );
+    let cases: [(&str, &[&str]); 11] = [
         ("scenarios/llmd_nixl_pull.ron", &["horizon=400"]),
         ("scenarios/decoder_failure.ron", &[]),
+        (
+            "scenarios/decoder_failure.ron",
+            &["router.decider.params.non_cached_tokens=1000000"],
+        ),
+        (
+            "scenarios/decoder_failure.ron",
+            &[
+                r#"faults=[{"PodDown": {"pod": "decode-1", "at": 100.0, "duration": 30.0}}]"#,
+                "phases=[]",
+                "workload.session_rate=4",
+                "horizon=200",
+                "warmup=0",
+            ],
+        ),
+        (
+            "scenarios/llmd_nixl_pull.ron",
+            &[&trace_set, "horizon=400", "warmup=0"],
+        ),
         (
             "scenarios/llmd_nixl_pull.ron",
             &["horizon=300", "transfer.mode=NixlPush"],
@@ -202,6 +232,31 @@ fn a_run_with_a_custom_system_gives_the_numbers_of_one_without() {
         assert!(direct.ticks > 1000, "{path}: {} ticks", direct.ticks);
         assert_eq!(direct.to_json(), scheduled.to_json(), "{path} {sets:?}");
     }
+}
+
+/// A Mooncake-style trace of 300 sessions of 1 to 4 turns, one session
+/// arriving a second, for the comparison above: each turn adds 1 to 12
+/// hash blocks of 256 tokens to its session's prompt.
+fn sessions_trace() -> String {
+    let mut text = String::new();
+    for s in 0..300u32 {
+        let mut ids = Vec::new();
+        for turn in 0..1 + s % 4 {
+            let new = 1 + (s * 7 + turn * 3) % 12;
+            ids.extend((0..new).map(|k| s * 100 + turn * 20 + k));
+            let when = if turn == 0 {
+                format!("\"timestamp\":{}", s * 1000)
+            } else {
+                format!("\"delay\":{}", 500 + 100 * turn)
+            };
+            text += &format!(
+                "{{\"session_id\":\"s{s}\",{when},\"input_length\":{},\"output_length\":{},\"hash_ids\":{ids:?}}}\n",
+                ids.len() as u32 * 256 - s % 100,
+                20 + (s * 13 + turn) % 200,
+            );
+        }
+    }
+    text
 }
 
 #[test]
