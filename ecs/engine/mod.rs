@@ -62,7 +62,7 @@ pub mod scheduler;
 pub mod systems;
 
 pub use kv::{BlockId, BlockKey, BlockPath, BlockPool, KvPool, Segment, reusable};
-pub use request::{Arriving, KvSource, Leg, NextTurn, Request, RequestStore, Status, WithArriving};
+pub use request::{KvSource, Leg, NextTurn, Request, RequestStore, Status};
 
 /// The two roles of an instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,6 +2,8 @@
 
 use bevy_ecs::prelude::*;
 
+use crate::shared::Lookup;
+
 use crate::engine::kv::{BlockId, BlockPath};
 
 /// Which leg of the request the serving engine is running.
@@ -258,70 +260,12 @@ impl Request {
 }
 
 /// Where the systems find requests: the ECS query, or the query and the
-/// requests that arrived in the fast ticks and join the world when they
-/// stop ([`Arriving`]).
-pub trait RequestStore {
-    /// Request `id`, if it exists.
-    fn request(&self, id: Entity) -> Option<&Request>;
-    /// Request `id` to change, if it exists.
-    fn request_mut(&mut self, id: Entity) -> Option<&mut Request>;
+/// requests the fast ticks issued ([`crate::shared::WithJoining`]).
+pub trait RequestStore: Lookup<Request> {
     /// Request `id`, which must exist (queued, scheduled, transferring).
     fn req(&mut self, id: Entity) -> &mut Request {
-        self.request_mut(id).expect("a queued request exists")
+        self.find_mut(id).expect("a queued request exists")
     }
 }
 
-impl RequestStore for Query<'_, '_, &mut Request> {
-    fn request(&self, id: Entity) -> Option<&Request> {
-        self.get(id).ok()
-    }
-    fn request_mut(&mut self, id: Entity) -> Option<&mut Request> {
-        self.get_mut(id).ok().map(Mut::into_inner)
-    }
-}
-
-/// The requests issued in the fast ticks, each with its entity (reserved):
-/// each joins the world by a command queued where it was issued, so the
-/// requests' table keeps the order the list gives it (the backlog and a
-/// fault's sweep read it in that order). Until then, the fast ticks find
-/// them here.
-#[derive(Resource, Default)]
-pub struct Arriving(pub Vec<(Entity, Request)>);
-
-impl Arriving {
-    /// Takes request `id` out (its command joins it to the world).
-    pub fn take(&mut self, id: Entity) -> Option<Request> {
-        let at = self.0.iter().position(|(e, _)| *e == id)?;
-        Some(self.0.swap_remove(at).1)
-    }
-}
-
-/// The requests' table and the requests arriving: what a fast tick looks
-/// requests up in.
-pub struct WithArriving<'a, S> {
-    pub table: &'a mut S,
-    pub arriving: &'a mut Arriving,
-}
-
-impl<S: RequestStore> RequestStore for WithArriving<'_, S> {
-    fn request(&self, id: Entity) -> Option<&Request> {
-        match self.table.request(id) {
-            Some(r) => Some(r),
-            None => self
-                .arriving
-                .0
-                .iter()
-                .find(|(e, _)| *e == id)
-                .map(|(_, r)| r),
-        }
-    }
-    fn request_mut(&mut self, id: Entity) -> Option<&mut Request> {
-        if self.arriving.0.is_empty() {
-            return self.table.request_mut(id);
-        }
-        match self.arriving.0.iter_mut().find(|(e, _)| *e == id) {
-            Some((_, r)) => Some(r),
-            None => self.table.request_mut(id),
-        }
-    }
-}
+impl<S: Lookup<Request>> RequestStore for S {}

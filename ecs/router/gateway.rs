@@ -248,7 +248,7 @@ fn route(
     flows: &Flows,
     now: f64,
 ) -> Result<Option<(Entity, Option<Entity>)>, Error> {
-    let r = reqs.request(id).expect("request at the gateway");
+    let r = reqs.find(id).expect("request at the gateway");
     let policies = match &mut router.mode {
         RouterMode::Direct => {
             return Ok(Some((

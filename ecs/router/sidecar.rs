@@ -107,14 +107,14 @@ pub(crate) fn hand_off(
             // leg's work is done.
             let first_scheduled = r.first_scheduled_at;
             commands.entity(id).despawn();
-            let booked = reqs.request(twin).filter(|t| t.status != Status::Failed);
+            let booked = reqs.find(twin).filter(|t| t.status != Status::Failed);
             lease.request = twin;
             lease.renewable = flows.lease.renew_in_parallel_dispatch;
             lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
             lease.stranded |= booked.is_none();
             let stranded = lease.stranded;
             let l = grant(commands, deadlines, &flows.lease, lease, now);
-            let Some(d) = reqs.request_mut(twin) else {
+            let Some(d) = reqs.find_mut(twin) else {
                 continue;
             };
             if d.status == Status::Failed {

@@ -5,8 +5,10 @@
 
 pub mod agenda;
 pub mod deadlines;
+pub mod joining;
 pub mod resources;
 
 pub use agenda::{Agenda, Event};
 pub use deadlines::{DeadlineKey, Deadlines};
+pub use joining::{Joining, Lookup, WithJoining};
 pub use resources::*;

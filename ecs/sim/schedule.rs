@@ -15,9 +15,7 @@ use crate::engine::repeat::Boundary;
 use crate::engine::systems::{
     StepScratch, end_steps, start_steps, step_end_system, step_start_system,
 };
-use crate::engine::{
-    Arriving, BlockPool, Engine, KvPool, Request, RequestStore, Role, StepLog, WithArriving,
-};
+use crate::engine::{BlockPool, Engine, KvPool, Request, RequestStore, Role, StepLog};
 use crate::error::Result;
 use crate::metrics::backlog::MAX_IN_FLIGHT;
 use crate::metrics::figures::{SeriesRecorder, series_system};
@@ -32,7 +30,8 @@ use crate::scenario::{self, Scenario};
 use crate::scenario::{Dispatch, TransferMode};
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, EngineIndex, Event, Failed, FaultQueue, FaultRng,
-    Finished, Gateway, Handoffs, Parked, PhaseIndex, RunStatus, TickEvents,
+    Finished, Gateway, Handoffs, Joining, Lookup, Parked, PhaseIndex, RunStatus, TickEvents,
+    WithJoining,
 };
 use crate::sim::faults::faults_system;
 use crate::sim::phases::phase_system;
@@ -224,7 +223,7 @@ impl Sim {
         world.insert_resource(PhaseIndex::default());
         world.insert_resource(RunStatus::default());
         world.insert_resource(StepScratch::default());
-        world.insert_resource(Arriving::default());
+        world.insert_resource(Joining::<Request>::default());
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
@@ -691,7 +690,7 @@ type FastTickParams = (
         ResMut<'static, WorkloadState>,
         Res<'static, PhaseIndex>,
         Query<'static, 'static, &'static mut Session>,
-        ResMut<'static, Arriving>,
+        ResMut<'static, Joining<Request>>,
     ),
 );
 
@@ -819,7 +818,7 @@ impl DirectTick {
         // but those that also ended, despawned.
         self.fast.apply(world);
         debug_assert!(
-            world.resource::<Arriving>().0.is_empty(),
+            world.resource::<Joining<Request>>().is_empty(),
             "every request the fast ticks issued joined the world"
         );
         for (id, flow) in self.new_flows.0.drain(..) {
@@ -889,7 +888,7 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
 /// requests' table has the list's order: nothing in a fast tick looks a
 /// lease up — they stop after a tick that granted leases, which reads look
 /// up — and an entity despawned is not reused before then. The requests
-/// issued are looked up in [`Arriving`] until then, and the flows a read
+/// issued are looked up in [`Joining`] until then, and the flows a read
 /// starts in `new_flows`: [`NewFlows`].) Then the
 /// next tick is handed over here, as the loop would ([`pop_tick`]), on the
 /// same fetch of the resources: that is most of a fast tick's cost. It
@@ -924,15 +923,15 @@ fn fast_ticks(
             mut rng,
             scenario,
         ),
-        (mut workload, phase, mut sessions, mut arriving),
+        (mut workload, phase, mut sessions, mut issued),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
-    // The requests issued here are looked up in `arriving` until they join
-    // the world.
-    let mut reqs = WithArriving {
+    // The requests issued here are looked up among those joining the
+    // world too, until they join it.
+    let mut reqs = WithJoining {
         table: &mut reqs,
-        arriving: &mut arriving,
+        joining: &mut issued,
     };
     // The resources written each tick, marked changed once here rather
     // than on every tick's use (the same change tick: the fetch's).
@@ -979,7 +978,7 @@ fn fast_ticks(
                             &mut gateway,
                             (metrics, counters, aiperf),
                             commands,
-                            reqs.arriving,
+                            reqs.joining,
                         );
                     }
                     true
@@ -1099,7 +1098,7 @@ fn fast_ticks(
                 retire(
                     now,
                     finished,
-                    |id| reqs.request(id).expect("a finished request"),
+                    |id| reqs.find(id).expect("a finished request"),
                     |e| engines.get(e).expect("decoder").0.index,
                     counters,
                     agenda,

@@ -99,7 +99,7 @@ pub(crate) fn start_reads(
     mut spawn: impl FnMut(Flow) -> Entity,
 ) {
     for &request in read_starts {
-        let Some(r) = reqs.request_mut(request) else {
+        let Some(r) = reqs.find_mut(request) else {
             continue;
         };
         if r.status == Status::Failed {
@@ -181,7 +181,7 @@ pub(crate) fn finish_flows<'f>(
             flows.per_link[l as usize] -= 1;
         }
         let (request_id, lease_id) = {
-            let r = reqs.request(flow.request).expect("transferring request");
+            let r = reqs.find(flow.request).expect("transferring request");
             (r.id, r.lease)
         };
         if let Some(s) = &mut flows.slices {

@@ -11,11 +11,11 @@ use rand::{RngExt, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use std::sync::Arc;
 
-use crate::engine::{Arriving, BlockPath, NextTurn, Request};
+use crate::engine::{BlockPath, NextTurn, Request};
 use crate::metrics::formats::aiperf::{self, AiperfLog};
 use crate::metrics::{Counters, Metrics};
 use crate::scenario::Sessions;
-use crate::shared::{Agenda, Clock, Event, Gateway, PhaseIndex, TickEvents};
+use crate::shared::{Agenda, Clock, Event, Gateway, Joining, PhaseIndex, TickEvents};
 
 pub mod sessions;
 pub mod trace;
@@ -115,7 +115,7 @@ pub(crate) fn issue_later_turns(
     gateway: &mut Gateway,
     (metrics, counters, aiperf): (&mut Metrics, &mut Counters, Option<&mut AiperfLog>),
     commands: &mut Commands,
-    arriving: &mut Arriving,
+    arriving: &mut Joining<Request>,
 ) {
     debug_assert_eq!(events.session_arrivals, 0, "a new session is the list's");
     Issue {
@@ -136,7 +136,7 @@ struct Issue<'a, 'w, 's> {
     commands: &'a mut Commands<'w, 's>,
     /// Where the fast ticks keep the requests they issue (None: a system's,
     /// spawned when its commands are applied).
-    arriving: Option<&'a mut Arriving>,
+    arriving: Option<&'a mut Joining<Request>>,
     gateway: &'a mut Gateway,
     metrics: &'a mut Metrics,
     counters: &'a mut Counters,
@@ -197,11 +197,7 @@ impl Issue<'_, '_, '_> {
             None => self.commands.spawn(r).id(),
             Some(arriving) => {
                 let id = self.commands.spawn_empty().id();
-                arriving.0.push((id, r));
-                self.commands.queue(move |world: &mut World| {
-                    let r = world.resource_mut::<Arriving>().take(id);
-                    world.entity_mut(id).insert(r.expect("an arriving request"));
-                });
+                arriving.keep(self.commands, id, r);
                 id
             }
         };
