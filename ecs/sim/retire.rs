@@ -110,7 +110,7 @@ impl<'w, 's> Retirement<'w, 's> {
     }
 
     /// What issuing a request writes besides the counters (a fast tick
-    /// issues later turns on this fetch), with the queue.
+    /// issues the arrivals on this fetch), with the queue.
     pub(crate) fn issue(
         &mut self,
     ) -> (&mut Commands<'w, 's>, &mut Metrics, Option<&mut AiperfLog>) {

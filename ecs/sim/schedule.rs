@@ -44,7 +44,7 @@ use crate::transfer::systems::{
 use crate::transfer::{Flow, Flows, Lease, Nic};
 use crate::workload::trace::TraceReads;
 use crate::workload::{
-    self, Session, SharedTrace, TraceRequest, WorkloadState, issue_later_turns, workload_system,
+    self, Session, SharedTrace, TraceRequest, WorkloadState, issue_arrivals, workload_system,
 };
 use rand::SeedableRng;
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -224,6 +224,7 @@ impl Sim {
         world.insert_resource(RunStatus::default());
         world.insert_resource(StepScratch::default());
         world.insert_resource(Joining::<Request>::default());
+        world.insert_resource(Joining::<Session>::default());
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
@@ -524,6 +525,7 @@ fn pop_tick(
             Event::StepEnd(..)
                 | Event::FlowDone { .. }
                 | Event::ReadStart(..)
+                | Event::SessionArrival
                 | Event::NextTurn(..)
                 | Event::TraceArrival(..)
         );
@@ -691,6 +693,7 @@ type FastTickParams = (
         Res<'static, PhaseIndex>,
         Query<'static, 'static, &'static mut Session>,
         ResMut<'static, Joining<Request>>,
+        ResMut<'static, Joining<Session>>,
     ),
 );
 
@@ -704,10 +707,10 @@ type FastTickParams = (
 ///
 /// Most ticks only end engines' steps (a decode run reaching a block
 /// boundary, or a request finishing), end flows (a transfer's KV arrived),
-/// start reads or issue a session's later turn: those run the bodies of the
-/// systems with work — workload, routing, flow ends, reads' starts, step
-/// end, retire, hand-off, step start, reads posted, bandwidth, observe — on
-/// one fetch of their resources, and so do
+/// start reads or issue requests (a session's turn, a trace's request):
+/// those run the bodies of the systems with work — workload, routing, flow
+/// ends, reads' starts, step end, retire, hand-off, step start, reads
+/// posted, bandwidth, observe — on one fetch of their resources, and so do
 /// the ticks after them while they are the same ([`fast_ticks`]); they
 /// hand over to the list where another system turns out to have work (a
 /// store-and-forward or parallel hand-off, a failure). The list hands back
@@ -818,8 +821,9 @@ impl DirectTick {
         // but those that also ended, despawned.
         self.fast.apply(world);
         debug_assert!(
-            world.resource::<Joining<Request>>().is_empty(),
-            "every request the fast ticks issued joined the world"
+            world.resource::<Joining<Request>>().is_empty()
+                && world.resource::<Joining<Session>>().is_empty(),
+            "every request and session the fast ticks made joined the world"
         );
         for (id, flow) in self.new_flows.0.drain(..) {
             if let Ok(mut e) = world.get_entity_mut(id) {
@@ -865,31 +869,30 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
 }
 
 /// Ticks whose events are all step ends, flow completions, reads' starts
-/// and arrivals of later turns or trace requests, as [`DirectTick`]'s list
-/// runs them: of the systems before step end only the workload, routing
-/// and the transfers may have work (no other event is due), so each issues
-/// the requests that arrive ([`issue_later_turns`]: a new session, which
-/// spawns its session, and a parallel dispatch, which spawns decode legs,
-/// hand over to the list), routes them, ends the flows that completed
-/// (their transfers done: [`finish_flows`]), starts the reads
-/// ([`start_reads`]),
-/// ends the steps, retires the requests that finished, hands the prefills
-/// that ended off (where [`hands_off_on_fast`]; else the list takes the
-/// tick over at retirement), forms the next steps, posts the reads of the
-/// requests parked, shares the links anew when the flows changed, and when
-/// no failure is to be handled, observes. From [`Stage::Routing`] (a tick
-/// the list ran up to routing: [`routes_on_fast`]) it routes first, as the
-/// list would, and takes the tick up at step end. From [`Stage::Routing`]
-/// or [`Stage::StepStart`], after routing, a transfer completed or a
-/// hand-off, every engine is looked at, as the list's step start does.
-/// (The requests issued, the despawns of the retired requests and of the
+/// and arrivals (sessions, their later turns, trace requests), as
+/// [`DirectTick`]'s list runs them: of the systems before step end only
+/// the workload, routing and the transfers may have work (no other event
+/// is due), so each issues the requests that arrive ([`issue_arrivals`]),
+/// routes them (a parallel dispatch, which spawns decode legs, hands over
+/// to the list), ends the flows that completed (their transfers done:
+/// [`finish_flows`]), starts the reads ([`start_reads`]), ends the steps,
+/// retires the requests that finished, hands the prefills that ended off
+/// (where [`hands_off_on_fast`]; else the list takes the tick over at
+/// retirement), forms the next steps, posts the reads of the requests
+/// parked, shares the links anew when the flows changed, and when no
+/// failure is to be handled, observes. From [`Stage::Routing`] (a tick the
+/// list ran up to routing: [`routes_on_fast`]) it routes first, as the list
+/// would, and takes the tick up at step end. From [`Stage::Routing`] or
+/// [`Stage::StepStart`], after routing, a transfer completed or a hand-off,
+/// every engine is looked at, as the list's step start does. (The requests
+/// and sessions made, the despawns of the retired requests and of the
 /// ended flows and leases, and the leases the hand-offs grant, are applied
 /// in the order the list would apply them when the fast ticks stop, so the
 /// requests' table has the list's order: nothing in a fast tick looks a
 /// lease up — they stop after a tick that granted leases, which reads look
 /// up — and an entity despawned is not reused before then. The requests
-/// issued are looked up in [`Joining`] until then, and the flows a read
-/// starts in `new_flows`: [`NewFlows`].) Then the
+/// and sessions made are looked up in [`Joining`] until then, and the
+/// flows a read starts in `new_flows`: [`NewFlows`].) Then the
 /// next tick is handed over here, as the loop would ([`pop_tick`]), on the
 /// same fetch of the resources: that is most of a fast tick's cost. It
 /// stops at the loop's next backlog check (a tick count that is a multiple
@@ -923,7 +926,7 @@ fn fast_ticks(
             mut rng,
             scenario,
         ),
-        (mut workload, phase, mut sessions, mut issued),
+        (mut workload, phase, mut sessions, mut issued, mut begun),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -932,6 +935,10 @@ fn fast_ticks(
     let mut reqs = WithJoining {
         table: &mut reqs,
         joining: &mut issued,
+    };
+    let mut sessions = WithJoining {
+        table: &mut sessions,
+        joining: &mut begun,
     };
     // The resources written each tick, marked changed once here rather
     // than on every tick's use (the same change tick: the fetch's).
@@ -955,15 +962,15 @@ fn fast_ticks(
     loop {
         let mut lane = Lane::Untouched;
         // Whether the tick routes: one the list ran up to routing, or one
-        // whose arrivals (later turns, trace requests) or retries the list
+        // whose arrivals (sessions, turns, trace requests) or queue the list
         // would issue and route before its transfers, as here.
         let routed = match stage {
             Stage::Routing => true,
             Stage::StepEnd => {
-                if due::faults(events, &faults) || events.session_arrivals > 0 {
+                if due::faults(events, &faults) {
                     return Some(0);
                 }
-                let arrivals = !(events.next_turns.is_empty() && events.trace_arrivals.is_empty());
+                let arrivals = due::workload(events);
                 if !(arrivals || due::routing(events, &gateway)) {
                     false
                 } else if scenario.0.router.dispatch == Dispatch::Parallel {
@@ -971,11 +978,11 @@ fn fast_ticks(
                 } else {
                     if arrivals {
                         let (commands, metrics, aiperf) = retirement.issue();
-                        issue_later_turns(
+                        issue_arrivals(
                             clock.now,
                             events,
                             (&mut workload, phase.0, &mut sessions),
-                            &mut gateway,
+                            (agenda, &mut gateway),
                             (metrics, counters, aiperf),
                             commands,
                             reqs.joining,

@@ -15,7 +15,9 @@ use crate::engine::{BlockPath, NextTurn, Request};
 use crate::metrics::formats::aiperf::{self, AiperfLog};
 use crate::metrics::{Counters, Metrics};
 use crate::scenario::Sessions;
-use crate::shared::{Agenda, Clock, Event, Gateway, Joining, PhaseIndex, TickEvents};
+use crate::shared::{
+    Agenda, Clock, Event, Gateway, Joining, Lookup, PhaseIndex, TickEvents, WithJoining,
+};
 
 pub mod sessions;
 pub mod trace;
@@ -68,24 +70,53 @@ pub fn workload_system(
     events: Res<TickEvents>,
     phase: Res<PhaseIndex>,
     mut state: ResMut<WorkloadState>,
-    mut sessions: Query<&mut Session>,
+    (mut sessions, mut begun): (Query<&mut Session>, ResMut<Joining<Session>>),
     mut agenda: ResMut<Agenda>,
     mut gateway: ResMut<Gateway>,
     mut metrics: ResMut<Metrics>,
     mut counters: ResMut<Counters>,
     mut aiperf: Option<ResMut<AiperfLog>>,
+    mut issued: ResMut<Joining<Request>>,
 ) {
-    let now = clock.now;
-    let state = &mut *state;
+    let mut sessions = WithJoining {
+        table: &mut sessions,
+        joining: &mut begun,
+    };
+    issue_arrivals(
+        clock.now,
+        &events,
+        (&mut state, phase.0, &mut sessions),
+        (&mut agenda, &mut gateway),
+        (&mut metrics, &mut counters, aiperf.as_deref_mut()),
+        &mut commands,
+        &mut issued,
+    );
+}
+
+/// The body of [`workload_system`], also run by the fast ticks on their own
+/// fetch (`sim::schedule`). New sessions and requests are kept in
+/// `sessions.joining` and `issued`, each joined to the world by a command
+/// queued now: where the list spawns it, so its table keeps the list's
+/// order; until then the fast ticks look them up there.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn issue_arrivals<S: Lookup<Session>>(
+    now: f64,
+    events: &TickEvents,
+    (state, phase, sessions): (&mut WorkloadState, u32, &mut WithJoining<'_, S, Session>),
+    (agenda, gateway): (&mut Agenda, &mut Gateway),
+    (metrics, counters, aiperf): (&mut Metrics, &mut Counters, Option<&mut AiperfLog>),
+    commands: &mut Commands,
+    issued: &mut Joining<Request>,
+) {
     let mut issue = Issue {
-        commands: &mut commands,
-        arriving: None,
-        gateway: &mut gateway,
-        metrics: &mut metrics,
-        counters: &mut counters,
-        aiperf: aiperf.as_deref_mut(),
+        commands,
+        issued,
+        gateway,
+        metrics,
+        counters,
+        aiperf,
         now,
-        phase: phase.0,
+        phase,
     };
     for _ in 0..events.session_arrivals {
         let id = state.next_session;
@@ -93,50 +124,31 @@ pub fn workload_system(
         let mut session = Session::new(id, state.seed, &state.params);
         let entity = issue.commands.spawn_empty().id();
         if issue.turn(entity, &mut session, state) {
-            issue.commands.entity(entity).insert(session);
+            sessions.joining.keep(issue.commands, entity, session);
         } else {
             issue.commands.entity(entity).despawn();
         }
         let gap = state.next_arrival_gap();
         agenda.schedule(now + gap, Event::SessionArrival);
     }
-    issue.later_turns(&events, &mut sessions, state);
-}
-
-/// What the fast ticks take of [`workload_system`] (`sim::schedule`): the
-/// turns of sessions in the world and the trace's requests, when no new
-/// session arrives (its session is spawned, and looked up at its next
-/// turn). The requests wait in `arriving` until the fast ticks stop.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn issue_later_turns(
-    now: f64,
-    events: &TickEvents,
-    (state, phase, sessions): (&mut WorkloadState, u32, &mut Query<&mut Session>),
-    gateway: &mut Gateway,
-    (metrics, counters, aiperf): (&mut Metrics, &mut Counters, Option<&mut AiperfLog>),
-    commands: &mut Commands,
-    arriving: &mut Joining<Request>,
-) {
-    debug_assert_eq!(events.session_arrivals, 0, "a new session is the list's");
-    Issue {
-        commands,
-        arriving: Some(arriving),
-        gateway,
-        metrics,
-        counters,
-        aiperf,
-        now,
-        phase,
+    for &entity in &events.next_turns {
+        let session = sessions
+            .find_mut(entity)
+            .expect("a continuing session exists");
+        if !issue.turn(entity, session, state) {
+            issue.commands.entity(entity).despawn();
+        }
     }
-    .later_turns(events, sessions, state);
+    for &i in &events.trace_arrivals {
+        issue.trace_request(i, state);
+    }
 }
 
 /// What issuing a request touches.
 struct Issue<'a, 'w, 's> {
     commands: &'a mut Commands<'w, 's>,
-    /// Where the fast ticks keep the requests they issue (None: a system's,
-    /// spawned when its commands are applied).
-    arriving: Option<&'a mut Joining<Request>>,
+    /// The requests issued, until they join the world.
+    issued: &'a mut Joining<Request>,
     gateway: &'a mut Gateway,
     metrics: &'a mut Metrics,
     counters: &'a mut Counters,
@@ -146,27 +158,6 @@ struct Issue<'a, 'w, 's> {
 }
 
 impl Issue<'_, '_, '_> {
-    /// The turns due now of sessions back from a tool call, then the trace's
-    /// requests due now.
-    fn later_turns(
-        &mut self,
-        events: &TickEvents,
-        sessions: &mut Query<&mut Session>,
-        state: &mut WorkloadState,
-    ) {
-        for &entity in &events.next_turns {
-            let mut session = sessions
-                .get_mut(entity)
-                .expect("a continuing session exists");
-            if !self.turn(entity, &mut session, state) {
-                self.commands.entity(entity).despawn();
-            }
-        }
-        for &i in &events.trace_arrivals {
-            self.trace_request(i, state);
-        }
-    }
-
     /// A turn with this prompt arrives: counted, and refused when the
     /// prompt reaches `max_model_len` (vLLM refuses it: docs/model.md §3).
     /// Returns whether it goes on to the gateway.
@@ -188,19 +179,11 @@ impl Issue<'_, '_, '_> {
         !too_long
     }
 
-    /// The request goes to the gateway. Issued by the fast ticks, it joins
-    /// the world by a command queued now, after what the ticks before
-    /// queued and before what routing and the steps queue: where the list
-    /// would have spawned it in the requests' table.
+    /// The request goes to the gateway (it joins the world when the
+    /// commands are applied).
     fn send(&mut self, r: Request) {
-        let id = match self.arriving.as_deref_mut() {
-            None => self.commands.spawn(r).id(),
-            Some(arriving) => {
-                let id = self.commands.spawn_empty().id();
-                arriving.keep(self.commands, id, r);
-                id
-            }
-        };
+        let id = self.commands.spawn_empty().id();
+        self.issued.keep(self.commands, id, r);
         self.gateway.queue.push(id);
     }
 
