@@ -502,9 +502,10 @@ const CHECK_EVERY: u64 = 1024;
 /// Makes the next instant something happens (an event, or a deadline) the
 /// current tick, when it comes by `horizon`: its events due in `events`,
 /// the clock set. Returns whether a fast tick can take it ([`fast_ticks`]):
-/// its events are all step ends, flow completions, reads' starts, later
-/// turns of sessions and trace requests, and no lease's deadline is due
-/// (None: nothing comes by the horizon, and nothing was changed).
+/// its events are all step ends, flow completions, reads' starts and
+/// arrivals (sessions, their later turns, trace requests), and no lease's
+/// deadline is due (None: nothing comes by the horizon, and nothing was
+/// changed).
 fn pop_tick(
     horizon: f64,
     agenda: &mut Agenda,
@@ -930,8 +931,8 @@ fn fast_ticks(
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
-    // The requests issued here are looked up among those joining the
-    // world too, until they join it.
+    // The requests and sessions made here are looked up among those
+    // joining the world too, until they join it.
     let mut reqs = WithJoining {
         table: &mut reqs,
         joining: &mut issued,
