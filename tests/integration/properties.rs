@@ -67,8 +67,9 @@ fn check_conservation(
         let pool = &kv.0;
         let name = format!("{}-{}", engine.role.name(), engine.index);
         let mut held = 0;
+        let counts = pool.ref_counts();
         for b in 0..pool.num_blocks() {
-            let refs = pool.ref_count(b);
+            let refs = counts[b as usize];
             held += u32::from(refs > 0);
             let owners = holders.get(&(e, b)).copied().unwrap_or(0);
             if refs != owners {

@@ -87,8 +87,21 @@ impl BlockPool {
         let mut out = Vec::new();
         let mut id = self.queue.head;
         while id != NONE {
-            out.push(id);
-            id = self.blocks[id as usize].next;
+            assert!(out.len() < self.blocks.len(), "the free queue has a cycle");
+            let b = &self.blocks[id as usize];
+            let s = b.has_key().then(|| &self.slots[b.key_slot as usize]);
+            match s {
+                // The top of a stream's queued prefix: the prefix follows,
+                // down to block 0, its inner links meaning nothing.
+                Some(s) if s.queued == b.key_index + 1 && s.at[b.key_index as usize] == id => {
+                    out.extend(s.at[..s.queued as usize].iter().rev());
+                    id = self.blocks[s.at[0] as usize].next;
+                }
+                _ => {
+                    out.push(id);
+                    id = b.next;
+                }
+            }
         }
         out
     }

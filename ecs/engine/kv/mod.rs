@@ -82,13 +82,22 @@ const _: () = assert!(std::mem::size_of::<Block>() == 20);
 /// block-by-block work would leave it:
 ///
 /// * `held`: the first `held` blocks are referenced once, by one table,
-///   without their own counts saying so (theirs stay 0); that table's new
-///   blocks join it as they are cached. A second holder, or a newer copy
-///   replacing one of them, writes the counts out first.
+///   without their own counts saying so; that table's new blocks join it
+///   as they are cached. A second holder, or a newer copy replacing one of
+///   them, writes the counts out first.
 /// * `queued`: the first `queued` blocks are free and one stretch of the
-///   queue, block 0 nearest the back (each block's `prev` is the next
-///   block's id), as a table freed tail first leaves them. Any of them
-///   leaving the queue or the index cuts it to below that block.
+///   queue, block 0 nearest the back, as a table freed tail first leaves
+///   them. Any of them leaving the queue or the index cuts it to below
+///   that block.
+///
+/// Inside such a prefix only the stream's index is kept: a decoder's read
+/// caches hundreds of blocks, and writing each one's fields meant a load
+/// of a block at random per block. Only its top block (the last) carries
+/// its own fields: its identity and a count of 0 (what [`BlockPool::free`]
+/// and allocation read), its `prev` while queued; the bottom one (block 0)
+/// its `next` while queued. Every other block's count, identity and links
+/// mean nothing until the prefix is cut or written out, which writes them
+/// ([`cut_queued`], [`write_out_hold`]).
 #[derive(Clone, Debug, Default)]
 struct StreamBlocks {
     stream: u64,
@@ -239,12 +248,25 @@ impl BlockPool {
         })
     }
 
-    /// The references on block `id`: its own count, and one more while it
-    /// is in its stream's held prefix.
+    /// The references on block `id` (for checks: it looks at every block).
     pub fn ref_count(&self, id: BlockId) -> u32 {
-        let b = &self.blocks[id as usize];
-        let held = b.has_key() && self.slots[b.key_slot as usize].held > b.key_index;
-        b.ref_cnt + held as u32
+        self.ref_counts()[id as usize]
+    }
+
+    /// Every block's references, by id: its own count, or 1 in a stream's
+    /// held prefix and 0 in a queued one, whose blocks' own counts mean
+    /// nothing ([`StreamBlocks`]).
+    pub fn ref_counts(&self) -> Vec<u32> {
+        let mut refs: Vec<u32> = self.blocks.iter().map(|b| b.ref_cnt).collect();
+        for s in &self.slots {
+            for &id in &s.at[..s.held as usize] {
+                refs[id as usize] = 1;
+            }
+            for &id in &s.at[..s.queued as usize] {
+                refs[id as usize] = 0;
+            }
+        }
+        refs
     }
 
     /// The cached blocks of `stream` from its first one, without a gap.
@@ -280,12 +302,15 @@ impl BlockPool {
         path.runs(self.block_size, n)
             .map(|run| {
                 let s = self.stream(run.stream).expect("a cached stream");
-                // (A held prefix is not free.)
-                let from = s.held.min(run.count) as usize;
-                s.at[from..run.count as usize]
+                // (A held prefix is not free, a queued one is: their
+                // blocks' own counts are not looked at.)
+                let queued = s.queued.min(run.count);
+                let from = s.held.max(queued).min(run.count) as usize;
+                let rest = s.at[from..run.count as usize]
                     .iter()
                     .filter(|&&id| self.blocks[id as usize].ref_cnt == 0)
-                    .count() as u32
+                    .count() as u32;
+                queued + rest
             })
             .sum()
     }
@@ -338,7 +363,7 @@ impl BlockPool {
                     // (Nothing of this stream is touched.)
                 } else if stream.held > 0 {
                     // A second holder: every count is written out.
-                    write_out_hold(&mut self.blocks, stream);
+                    write_out_hold(&mut self.blocks, slot as u32, stream);
                 } else if stream.queued > 0 || self.blocks[stream.at[0] as usize].ref_cnt == 0 {
                     // (The stretch in progress is cut first: the held
                     // prefix's ends are read from the links it leaves.)
@@ -346,7 +371,13 @@ impl BlockPool {
                         self.queue.cut(&mut self.blocks, s);
                         s.front_prev = NOT_A_BLOCK;
                     }
-                    held = take_held(&mut self.blocks, &mut self.queue, stream, run.count);
+                    held = take_held(
+                        &mut self.blocks,
+                        &mut self.queue,
+                        slot as u32,
+                        stream,
+                        run.count,
+                    );
                     taken += held;
                 }
                 // (A queued prefix always became the held one: its first
@@ -462,14 +493,25 @@ impl BlockPool {
             let (slot, top) = (b.key_slot, b.key_index as usize);
             let StreamBlocks { at, queued, .. } = &mut slots[slot as usize];
             debug_assert_eq!(at[top], id, "the index names the block");
+            let queued = *queued as usize;
+            debug_assert!(
+                top + 1 >= queued,
+                "the front is no inner block of a queued prefix"
+            );
             let limit = left.min(top + 1);
             // Within the stream's queued prefix the blocks are known to
             // follow one another (the common case: a session's blocks
-            // freed together); past it each link is compared.
-            let mut k = if top < *queued as usize { limit } else { 1 };
-            debug_assert!((1..k).all(|j| blocks[at[top + 1 - j] as usize].next == at[top - j]));
-            while k < limit && blocks[at[top + 1 - k] as usize].next == at[top - k] {
-                k += 1;
+            // freed together; their links mean nothing); past it each link
+            // is compared, until the walk reaches the queued prefix.
+            let mut k = 1;
+            while k < limit {
+                if top + 1 - k < queued {
+                    k = limit;
+                } else if blocks[at[top + 1 - k] as usize].next == at[top - k] {
+                    k += 1;
+                } else {
+                    break;
+                }
             }
             let lo = top + 1 - k;
             let last = at[lo];
@@ -481,7 +523,16 @@ impl BlockPool {
                 b.key_index = NONE;
                 taken
             }));
-            id = blocks[last as usize].next;
+            id = if lo > 0 && lo < queued {
+                // The queued prefix's new top: the next block, whose own
+                // fields are written now (what the next allocation reads).
+                let next = at[lo - 1];
+                let b = &mut blocks[next as usize];
+                (b.ref_cnt, b.key_slot, b.key_index) = (0, slot, lo as u32 - 1);
+                next
+            } else {
+                blocks[last as usize].next
+            };
             uncache_run(slots, slot_of, free_slots, slot, k as u32, lo as u32);
             evicted += k as u32;
             left -= k;
@@ -584,10 +635,10 @@ impl BlockPool {
     /// slot and the semantics looked up once, its count added once.
     ///
     /// With `holder` (the table caching them holds the stream's first `lo`
-    /// blocks, or `lo` is 0), new blocks that only this table references
-    /// join the held prefix: their counts become the prefix's, and each is
-    /// linked to the block before it as the stretch the prefix is freed as,
-    /// so freeing the table frees them with it, as one stretch.
+    /// blocks, or `lo` is 0), the blocks join the held prefix while their
+    /// entries are free: only the index is written, and the last block's
+    /// own fields, as its new top ([`StreamBlocks`]); freeing the table
+    /// frees them with it, as one stretch.
     fn cache_run(&mut self, ids: &[BlockId], slot: u32, lo: u32, holder: bool) {
         let (blocks, queue, dups, vllm) =
             (&mut self.blocks, &mut self.queue, &mut self.dups, self.vllm);
@@ -595,36 +646,35 @@ impl BlockPool {
         // Entries from `lo` on may be replaced: a held prefix reaching them
         // is written out, and a queued one cut to end before them.
         if s.held > lo {
-            write_out_hold(blocks, s);
+            write_out_hold(blocks, slot, s);
         }
-        s.queued = s.queued.min(lo);
-        // The held prefix grows while each block joins it; `below` is the
-        // block before the next one.
+        cut_queued(blocks, slot, s, lo);
         let mut held = s.held;
-        let mut below = if lo > 0 { s.at[lo as usize - 1] } else { NONE };
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
-        // The blocks that join it come first (nearly all of a read's): a
-        // block joins when it is new to the index, its entry is free and
-        // only this table holds it; the first that does not ends the
-        // joining, and it and those after it take the loop below, which
-        // never joins. (The holder's pool is never vLLM's: no duplicates
-        // here.)
+        // The blocks that join come first (nearly all of a read's): the
+        // table's blocks past what it has cached are its own new ones
+        // (allocated by it, unknown to the index until now, so no one
+        // else's), so a block joins while its entry is free; the first
+        // whose entry is taken ends the joining, and it and those after it
+        // take the loop below, which never joins. (The holder's pool is
+        // never vLLM's: no duplicates here.)
         let mut joined = 0;
         if holder {
             debug_assert!(!vllm);
-            for ((&id, entry), index) in ids.iter().zip(at.iter_mut()).zip(lo..) {
-                let b = &mut blocks[id as usize];
-                if b.has_key() || *entry != NONE || b.ref_cnt != 1 {
-                    break;
-                }
-                debug_assert_eq!(index, held, "the held prefix grows by its next block");
-                (b.key_slot, b.key_index, b.ref_cnt, b.next) = (slot, index, 0, below);
-                *entry = id;
-                if below != NONE {
-                    blocks[below as usize].prev = id;
-                }
-                (held, below) = (held + 1, id);
-                joined += 1;
+            debug_assert_eq!(held, lo, "the held prefix grows by the next blocks");
+            joined = at.iter().position(|&e| e != NONE).unwrap_or(at.len());
+            debug_assert!(
+                ids[..joined].iter().all(|&id| {
+                    let b = &blocks[id as usize];
+                    !b.has_key() && b.ref_cnt == 1
+                }),
+                "a table's blocks past what it cached are its own"
+            );
+            if joined > 0 {
+                at[..joined].copy_from_slice(&ids[..joined]);
+                held += joined as u32;
+                let top = &mut blocks[ids[joined - 1] as usize];
+                (top.key_slot, top.key_index, top.ref_cnt) = (slot, held - 1, 0);
             }
         }
         let mut added = joined as u32;
@@ -716,8 +766,8 @@ impl BlockPool {
         // `push_back` block by block, with the queue's tail and counts kept
         // in locals until the end, and a block's `next` written once: by the
         // block after it, or at the end for the last (the same links, fewer
-        // loads and stores). A held prefix (its blocks' own counts 0) joins
-        // as the stretch it was cut out as, its inner links unchanged.
+        // loads and stores). A held prefix (found by its top's own count,
+        // 0) joins as one stretch, its inner links never written.
         let BlockPool {
             blocks,
             slots,
@@ -855,47 +905,80 @@ fn grow_stretch(blocks: &mut [Block], ids: &[BlockId], first: BlockId) -> (usize
     (ids.len(), front_prev)
 }
 
-/// Makes the first blocks of `stream` (its first one free, or its first
-/// `queued` one free stretch) its held prefix: the leading ones of its
-/// first `count` that are one stretch of the queue, cut out of it at its
-/// two ends. Returns how many. Only the blocks past `queued` are looked at,
-/// each found by its id in the index (not by the link before it, which
+/// Makes the first blocks of `stream` (in `slot`; its first one free, or
+/// its first `queued` one free stretch) its held prefix: the leading ones
+/// of its first `count` that are one stretch of the queue, cut out of it at
+/// its two ends. Returns how many. Only the blocks past `queued` are looked
+/// at, each found by its id in the index (not by the link before it, which
 /// would make each look-up wait for the last).
 fn take_held(
     blocks: &mut [Block],
     queue: &mut FreeQueue,
+    slot: u32,
     stream: &mut StreamBlocks,
     count: u32,
 ) -> u32 {
+    // (A queued prefix longer than the hit leaves its blocks past it in the
+    // queue, as blocks of their own.)
+    cut_queued(blocks, slot, stream, count);
     let at = &stream.at[..count as usize];
-    debug_assert!(
-        (1..stream.queued as usize).all(|i| blocks[stream.at[i - 1] as usize].prev == stream.at[i]),
-        "the queued prefix is one stretch"
-    );
     let mut k = (stream.queued as usize).clamp(1, at.len());
     while k < at.len() && at[k] == blocks[at[k - 1] as usize].prev {
         k += 1;
     }
-    debug_assert!(at[..k].iter().all(|&b| blocks[b as usize].in_queue()));
     let s = Stretch {
         front_prev: blocks[at[k - 1] as usize].prev,
         back_next: blocks[at[0] as usize].next,
     };
     queue.cut(blocks, s);
+    // Its top's own fields: those of a free cached block already.
+    debug_assert!({
+        let top = &blocks[at[k - 1] as usize];
+        (top.ref_cnt, top.key_slot, top.key_index) == (0, slot, k as u32 - 1)
+    });
     stream.held = k as u32;
     stream.queued = 0;
     k as u32
 }
 
-/// The held prefix of `stream` becomes counts of one on its blocks: a
-/// second holder or a change of its index needs them.
+/// The held prefix of `stream` (in `slot`) becomes blocks of their own,
+/// counts of one: a second holder or a change of its index needs them.
 #[cold]
-fn write_out_hold(blocks: &mut [Block], stream: &mut StreamBlocks) {
-    for &id in &stream.at[..stream.held as usize] {
-        debug_assert_eq!(blocks[id as usize].ref_cnt, 0, "block {id} is held");
-        blocks[id as usize].ref_cnt = 1;
+fn write_out_hold(blocks: &mut [Block], slot: u32, stream: &mut StreamBlocks) {
+    for (index, &id) in (0..).zip(&stream.at[..stream.held as usize]) {
+        let b = &mut blocks[id as usize];
+        (b.ref_cnt, b.key_slot, b.key_index) = (1, slot, index);
     }
     stream.held = 0;
+}
+
+/// Cuts the queued prefix of `stream` (in `slot`) to its first `to`
+/// blocks: those past it stay in the queue as blocks of their own, and
+/// they and the prefix's new top get their own fields ([`StreamBlocks`]):
+/// a count of 0, their identity, and their links (block `i`'s `next` is
+/// block `i − 1`, its `prev` block `i + 1`; the old top's `prev` and block
+/// 0's `next` are already right).
+#[inline]
+fn cut_queued(blocks: &mut [Block], slot: u32, stream: &mut StreamBlocks, to: u32) {
+    if to < stream.queued {
+        write_out_queued(blocks, slot, stream, to);
+    }
+}
+
+#[cold]
+fn write_out_queued(blocks: &mut [Block], slot: u32, stream: &mut StreamBlocks, to: u32) {
+    let (queued, at) = (stream.queued as usize, &stream.at);
+    for i in (to as usize).saturating_sub(1)..queued {
+        let b = &mut blocks[at[i] as usize];
+        (b.ref_cnt, b.key_slot, b.key_index) = (0, slot, i as u32);
+        if i > 0 {
+            b.next = at[i - 1];
+        }
+        if i + 1 < queued {
+            b.prev = at[i + 1];
+        }
+    }
+    stream.queued = to;
 }
 
 /// `reusable(x) = ⌊(x − 1) / block_size⌋ × block_size`: a prefix hit covers
@@ -1072,13 +1155,14 @@ mod tests {
         assert_eq!(pool.free_queue(), vec![4, 5, 6, 7, 3, 2, 1, 0]);
         // Turn 2 hits 3 blocks: 2, 1, 0 are one stretch (block 0 at the
         // back, each one's link before it the next block), held as a whole:
-        // their own counts stay 0, the references are 1.
+        // no block's own count is written (the top's, block 2, stays 0),
+        // the references are 1.
         let mut t2 = Vec::new();
         pool.touch_prefix(&path, 3, &mut t2);
         assert_eq!(t2, vec![0, 1, 2]);
         assert_eq!(pool.free_queue(), vec![4, 5, 6, 7, 3]);
         assert_eq!(held_queued(&pool, 1), (3, 0));
-        assert_eq!(pool.blocks[1].ref_cnt, 0);
+        assert_eq!(pool.blocks[2].ref_cnt, 0);
         assert_eq!(
             (0..4).map(|b| pool.ref_count(b)).collect::<Vec<_>>(),
             [1, 1, 1, 0]
@@ -1196,6 +1280,139 @@ mod tests {
         check_consistent(&pool);
     }
 
+    // The next four follow a queued prefix, whose blocks but its top keep
+    // no fields of their own (`StreamBlocks`), through what leaves it:
+    // allocation part way into it, a shorter hit, a newer copy, and a walk
+    // from blocks queued before it.
+
+    #[test]
+    fn allocation_part_way_into_a_queued_prefix_leaves_the_rest_queued() {
+        // 6 blocks; stream 1 caches 4 in 0..4 and frees them: queue 4, 5,
+        // 3, 2, 1, 0, the last four its queued prefix.
+        let mut pool = BlockPool::new(6, 16);
+        let path = BlockPath::stream(1);
+        let t = cached_table(&mut pool, 4, 1);
+        pool.free(&t);
+        assert_eq!(held_queued(&pool, 1), (0, 4));
+        // 3 blocks: 4, 5 (no identity), then block 3, evicting (1, 3):
+        // stream 1 keeps 3 blocks, queued, block 2 now its top.
+        let mut a = Vec::new();
+        assert!(pool.allocate(3, &mut a));
+        assert_eq!(a, vec![4, 5, 3]);
+        assert_eq!(held_queued(&pool, 1), (0, 3));
+        assert_eq!(pool.cached_prefix_blocks(&path, 4), 3);
+        assert_eq!(pool.free_queue(), vec![2, 1, 0]);
+        check_consistent(&pool);
+        // The next block taken is that top, block 2, evicting (1, 2).
+        let mut b = Vec::new();
+        assert!(pool.allocate(1, &mut b));
+        assert_eq!(b, vec![2]);
+        assert_eq!(pool.cached_prefix_blocks(&path, 4), 2);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (2, 2));
+        check_consistent(&pool);
+        // A hit on the two left takes the stretch 1, 0 whole.
+        let mut hit = Vec::new();
+        pool.touch_prefix(&path, 2, &mut hit);
+        assert_eq!(hit, vec![0, 1]);
+        assert_eq!(held_queued(&pool, 1), (2, 0));
+        assert!(pool.free_queue().is_empty());
+        check_consistent(&pool);
+    }
+
+    #[test]
+    fn a_hit_shorter_than_the_queued_prefix_leaves_its_tail_free_cached() {
+        // 6 blocks; stream 1's 4 blocks 0..4 freed: queue 4, 5, 3, 2, 1, 0.
+        let mut pool = BlockPool::new(6, 16);
+        let path = BlockPath::stream(1);
+        let t = cached_table(&mut pool, 4, 1);
+        pool.free(&t);
+        // A hit on 2: blocks 1, 0 are cut out and held; blocks 3 and 2 stay
+        // in the queue, free cached, as blocks of their own.
+        let mut hit = Vec::new();
+        pool.touch_prefix(&path, 2, &mut hit);
+        assert_eq!(hit, vec![0, 1]);
+        assert_eq!(held_queued(&pool, 1), (2, 0));
+        assert_eq!(pool.free_queue(), vec![4, 5, 3, 2]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (4, 2));
+        check_consistent(&pool);
+        // Allocating all 4 evicts (1, 3) and (1, 2); the held 2 remain.
+        let mut a = Vec::new();
+        assert!(pool.allocate(4, &mut a));
+        assert_eq!(a, vec![4, 5, 3, 2]);
+        assert_eq!(pool.cached_prefix_blocks(&path, 4), 2);
+        check_consistent(&pool);
+        // Freed, the held prefix joins the queue as its stretch: 1, 0.
+        pool.free(&hit);
+        assert_eq!(pool.free_queue(), vec![1, 0]);
+        assert_eq!(held_queued(&pool, 1), (0, 2));
+        check_consistent(&pool);
+    }
+
+    #[test]
+    fn a_newer_copy_of_queued_blocks_cuts_the_queued_prefix() {
+        // 6 blocks; stream 1's blocks 0..3 freed: queue 3, 4, 5, 2, 1, 0.
+        let mut pool = BlockPool::new(6, 16);
+        let path = BlockPath::stream(1);
+        let t = cached_table(&mut pool, 3, 1);
+        pool.free(&t);
+        // A table of 3 new blocks (3, 4, 5) caches stream 1's blocks 1 and
+        // 2 again: blocks 4 and 5 replace blocks 1 and 2 in the index, which
+        // stay in the queue without an identity; the queued prefix is
+        // block 0 alone.
+        let mut b = Vec::new();
+        assert!(pool.allocate(3, &mut b));
+        pool.cache_blocks(&b, &path, 1, 3);
+        assert_eq!(held_queued(&pool, 1), (0, 1));
+        assert_eq!(pool.free_queue(), vec![2, 1, 0]);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 1));
+        assert_eq!(pool.cached_prefix_blocks(&path, 3), 3);
+        check_consistent(&pool);
+        // Taking 2 evicts nothing (2 and 1 have no identity); a hit on
+        // block 0 of the stream then takes block 0.
+        let mut c = Vec::new();
+        assert!(pool.allocate(2, &mut c));
+        assert_eq!(c, vec![2, 1]);
+        assert_eq!(pool.num_free_cached(), 1);
+        let mut hit = Vec::new();
+        pool.touch_prefix(&path, 1, &mut hit);
+        assert_eq!(hit, vec![0]);
+        assert!(pool.free_queue().is_empty());
+        check_consistent(&pool);
+    }
+
+    #[test]
+    fn allocation_walks_from_a_block_queued_before_a_prefix_into_it() {
+        // 8 blocks. Table b (blocks 0..4) caches stream 1's block 3 in
+        // block 3; table a (4..8) caches blocks 0..4 of it: 4, 5, 6 join
+        // its held prefix, 7 replaces 3 as block 3 (its entry was taken),
+        // referenced on its own.
+        let mut pool = BlockPool::new(8, 16);
+        let path = BlockPath::stream(1);
+        let mut b = Vec::new();
+        assert!(pool.allocate(4, &mut b));
+        pool.cache_blocks(&b, &path, 3, 4);
+        let a = cached_table(&mut pool, 4, 1);
+        assert_eq!(a, vec![4, 5, 6, 7]);
+        assert_eq!(held_queued(&pool, 1), (3, 0));
+        // Freed, b then a: queue 3, 2, 1, 0, then 7 on its own, then the
+        // prefix 6, 5, 4 as one stretch.
+        pool.free(&b);
+        pool.free(&a);
+        assert_eq!(pool.free_queue(), vec![3, 2, 1, 0, 7, 6, 5, 4]);
+        assert_eq!(held_queued(&pool, 1), (0, 3));
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (8, 4));
+        check_consistent(&pool);
+        // All 8: 3, 2, 1, 0 (no identity), then block 7, the stream's
+        // block 3, whose link leads into the queued prefix: taken with it
+        // as one run (the prefix's inner links are not read).
+        let mut c = Vec::new();
+        assert!(pool.allocate(8, &mut c));
+        assert_eq!(c, vec![3, 2, 1, 0, 7, 6, 5, 4]);
+        assert_eq!(pool.cached_prefix_blocks(&path, 4), 0);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (0, 0));
+        check_consistent(&pool);
+    }
+
     #[test]
     fn a_hit_on_blocks_queued_front_to_back_cuts_each_stretch_after_the_last() {
         // Blocks 0 and 1 cache (5,0) and (5,1) in two tables freed in that
@@ -1309,16 +1526,27 @@ mod tests {
     fn check_consistent(pool: &BlockPool) {
         let queue = pool.free_queue();
         assert_eq!(queue.len() as u32, pool.num_free());
+        let refs = pool.ref_counts();
+        // The blocks of a held or queued prefix but its top: their own
+        // fields mean nothing (block 0 of a queued one keeps its `next`,
+        // which the walk of the queue follows).
+        let mut inner = vec![false; pool.blocks.len()];
+        for s in &pool.slots {
+            let n = s.held.max(s.queued).saturating_sub(1) as usize;
+            for &id in &s.at[..n] {
+                inner[id as usize] = true;
+            }
+        }
         let mut prev = NONE;
         for &id in &queue {
-            let b = &pool.blocks[id as usize];
-            assert_eq!((b.ref_cnt, b.prev), (0, prev), "block {id} in the queue");
+            assert_eq!(refs[id as usize], 0, "block {id} in the queue");
+            if !inner[id as usize] {
+                assert_eq!(pool.blocks[id as usize].prev, prev, "block {id}'s prev");
+            }
             prev = id;
         }
         assert_eq!(pool.queue.tail, prev);
-        let unreferenced = (0..pool.num_blocks())
-            .filter(|&id| pool.ref_count(id) == 0)
-            .count();
+        let unreferenced = refs.iter().filter(|&&r| r == 0).count();
         assert_eq!(
             unreferenced,
             queue.len(),
@@ -1326,7 +1554,7 @@ mod tests {
         );
         let cached = queue
             .iter()
-            .filter(|&&id| pool.blocks[id as usize].has_key());
+            .filter(|&&id| inner[id as usize] || pool.blocks[id as usize].has_key());
         assert_eq!(cached.count() as u32, pool.num_free_cached());
         for (&stream, &slot) in &pool.slot_of {
             let s = &pool.slots[slot as usize];
@@ -1340,23 +1568,33 @@ mod tests {
                 s.at.iter().take_while(|&&b| b != NONE).count()
             );
             for (i, &id) in s.at.iter().enumerate().filter(|(_, b)| **b != NONE) {
-                let b = &pool.blocks[id as usize];
-                assert_eq!((b.key_slot, b.key_index), (slot, i as u32), "block {id}");
+                if !inner[id as usize] {
+                    let b = &pool.blocks[id as usize];
+                    assert_eq!((b.key_slot, b.key_index), (slot, i as u32), "block {id}");
+                }
             }
-            // A held prefix: its blocks' own counts 0, out of the queue. A
+            // A held prefix: out of the queue, its top's own count 0. A
             // queued one: free, one stretch, block 0 nearest the back.
             assert!(
                 s.held == 0 || s.queued == 0,
                 "stream {stream} held and queued"
             );
-            for &id in &s.at[..s.held as usize] {
-                assert_eq!(pool.blocks[id as usize].ref_cnt, 0, "held block {id}");
+            if s.held > 0 {
+                let top = s.at[s.held as usize - 1];
+                assert_eq!(pool.blocks[top as usize].ref_cnt, 0, "held top {top}");
+                assert!(
+                    s.at[..s.held as usize]
+                        .iter()
+                        .all(|b| refs[*b as usize] == 1)
+                );
             }
-            for i in 0..s.queued as usize {
-                assert!(pool.blocks[s.at[i] as usize].in_queue());
-                if i > 0 {
-                    assert_eq!(pool.blocks[s.at[i - 1] as usize].prev, s.at[i]);
-                }
+            if s.queued > 0 {
+                let q = s.queued as usize;
+                let top = s.at[q - 1];
+                let from = queue.iter().position(|&b| b == top).expect("queued");
+                let stretch: Vec<BlockId> = s.at[..q].iter().rev().copied().collect();
+                assert_eq!(&queue[from..from + q], &stretch[..], "stream {stream}");
+                assert_eq!(pool.blocks[top as usize].ref_cnt, 0, "queued top {top}");
             }
         }
         for (id, b) in pool.blocks.iter().enumerate().filter(|(_, b)| b.has_key()) {
