@@ -42,15 +42,23 @@ pub(crate) const NONE: u32 = u32::MAX;
 pub(super) struct Block {
     ref_cnt: u32,
     // Intrusive doubly linked free queue, NONE at its ends. A block is in
-    // the queue exactly when no one references it (`ref_cnt` 0), so its
-    // links mean nothing while it is held and are not cleared.
+    // the queue exactly when no one references it (`ref_cnt` 0, where its
+    // fields are its own: `StreamBlocks`), so its links mean nothing while
+    // it is held and are not cleared.
     prev: u32,
     next: u32,
     /// Its identity when cached: block `key_index` of the stream in slot
-    /// `key_slot` of the index; `key_index` NONE when it has none.
+    /// `key_slot` of the index; `key_index` NONE when it has none (and
+    /// `key_slot` REPLACED when a newer copy took its identity while it was
+    /// held).
     key_index: u32,
     key_slot: u32,
 }
+
+/// `key_slot` of a held block whose identity a newer copy took: its count
+/// is its own although the index does not name it (a fresh block, whose
+/// fields mean nothing, never carries it: [`own_fields`]).
+const REPLACED: u32 = NONE - 1;
 
 impl Block {
     fn has_key(&self) -> bool {
@@ -98,6 +106,14 @@ const _: () = assert!(std::mem::size_of::<Block>() == 20);
 /// its `next` while queued. Every other block's count, identity and links
 /// mean nothing until the prefix is cut or written out, which writes them
 /// ([`cut_queued`], [`write_out_hold`]).
+///
+/// With the reference semantics allocation writes no block either: a
+/// table's blocks past those it has cached are *fresh*, referenced once by
+/// it, their fields what they were in the queue. Caching one writes its
+/// fields; freeing one, found fresh by not being named by the index at the
+/// identity it claims ([`own_fields`]), writes them as a free block's. So
+/// a decoder's read, allocated, joined to its held prefix and freed as its
+/// stretch, writes only its index and its top block.
 #[derive(Clone, Debug, Default)]
 struct StreamBlocks {
     stream: u64,
@@ -253,17 +269,23 @@ impl BlockPool {
         self.ref_counts()[id as usize]
     }
 
-    /// Every block's references, by id: its own count, or 1 in a stream's
-    /// held prefix and 0 in a queued one, whose blocks' own counts mean
-    /// nothing ([`StreamBlocks`]).
+    /// Every block's references, by id: 0 in the free queue, 1 in a
+    /// stream's held prefix or fresh in a table ([`StreamBlocks`]), else
+    /// its own count.
     pub fn ref_counts(&self) -> Vec<u32> {
-        let mut refs: Vec<u32> = self.blocks.iter().map(|b| b.ref_cnt).collect();
+        let mut refs: Vec<u32> = (0..)
+            .zip(&self.blocks)
+            .map(|(id, b)| {
+                let own = self.vllm || own_fields(b, id, &self.slots);
+                if own { b.ref_cnt } else { 1 }
+            })
+            .collect();
+        for id in self.free_queue() {
+            refs[id as usize] = 0;
+        }
         for s in &self.slots {
             for &id in &s.at[..s.held as usize] {
                 refs[id as usize] = 1;
-            }
-            for &id in &s.at[..s.queued as usize] {
-                refs[id as usize] = 0;
             }
         }
         refs
@@ -458,8 +480,8 @@ impl BlockPool {
     }
 
     /// Takes the first `n` blocks of the queue onto the end of `table`,
-    /// each with one reference, evicting their identities: returns the block
-    /// after them and how many were cached.
+    /// fresh ([`StreamBlocks`]), evicting their identities: returns the
+    /// block after them and how many were cached.
     ///
     /// A cached block is nearly always followed in the queue by the blocks
     /// of its stream before it, freed with it tail first. So the blocks
@@ -482,8 +504,8 @@ impl BlockPool {
         let mut evicted = 0u32;
         let mut left = n as usize;
         while left > 0 {
-            let b = &mut blocks[id as usize];
-            b.ref_cnt = 1;
+            // (The blocks taken are fresh: no field is written.)
+            let b = &blocks[id as usize];
             if !b.has_key() {
                 table.push(id);
                 left -= 1;
@@ -516,13 +538,12 @@ impl BlockPool {
             let lo = top + 1 - k;
             let last = at[lo];
             // (Front to back: the stream's blocks from `top` down.)
-            table.extend(at[lo..=top].iter_mut().rev().map(|entry| {
-                let taken = std::mem::replace(entry, NONE);
-                let b = &mut blocks[taken as usize];
-                b.ref_cnt = 1;
-                b.key_index = NONE;
-                taken
-            }));
+            table.extend(
+                at[lo..=top]
+                    .iter_mut()
+                    .rev()
+                    .map(|entry| std::mem::replace(entry, NONE)),
+            );
             id = if lo > 0 && lo < queued {
                 // The queued prefix's new top: the next block, whose own
                 // fields are written now (what the next allocation reads).
@@ -663,13 +684,6 @@ impl BlockPool {
             debug_assert!(!vllm);
             debug_assert_eq!(held, lo, "the held prefix grows by the next blocks");
             joined = at.iter().position(|&e| e != NONE).unwrap_or(at.len());
-            debug_assert!(
-                ids[..joined].iter().all(|&id| {
-                    let b = &blocks[id as usize];
-                    !b.has_key() && b.ref_cnt == 1
-                }),
-                "a table's blocks past what it cached are its own"
-            );
             if joined > 0 {
                 at[..joined].copy_from_slice(&ids[..joined]);
                 held += joined as u32;
@@ -681,10 +695,17 @@ impl BlockPool {
         let rest = ids[joined..].iter().zip(&mut at[joined..]);
         for ((&id, entry), index) in rest.zip(lo + joined as u32..) {
             let b = &mut blocks[id as usize];
-            if b.key_index == index && b.key_slot == slot {
+            if vllm {
+                if b.key_index == index && b.key_slot == slot {
+                    continue;
+                }
+                debug_assert!(!b.has_key(), "block {id} already cached");
+            } else if *entry == id {
                 continue;
+            } else {
+                // A fresh block: its count is written with its identity.
+                b.ref_cnt = 1;
             }
-            debug_assert!(!b.has_key(), "block {id} already cached");
             (b.key_slot, b.key_index) = (slot, index);
             if vllm && *entry != NONE {
                 // vLLM 0.33 `BlockHashToBlockMap.insert`: a second block with
@@ -708,6 +729,9 @@ impl BlockPool {
                 b.key_index = NONE;
                 if b.in_queue() {
                     queue.num_free_cached -= 1;
+                } else {
+                    // Still held: its count stays its own.
+                    b.key_slot = REPLACED;
                 }
             }
         }
@@ -767,7 +791,8 @@ impl BlockPool {
         // in locals until the end, and a block's `next` written once: by the
         // block after it, or at the end for the last (the same links, fewer
         // loads and stores). A held prefix (found by its top's own count,
-        // 0) joins as one stretch, its inner links never written.
+        // 0) joins as one stretch, its inner links never written; a fresh
+        // block gets a free block's fields.
         let BlockPool {
             blocks,
             slots,
@@ -780,7 +805,12 @@ impl BlockPool {
             i -= 1;
             let id = table[i];
             let block = &mut blocks[id as usize];
-            let back = if block.ref_cnt == 0 {
+            let back = if !own_fields(block, id, slots) {
+                // Fresh: its one reference was this table's.
+                (block.ref_cnt, block.key_index, block.key_slot) = (0, NONE, NONE);
+                freed += 1;
+                id
+            } else if block.ref_cnt == 0 {
                 // The last block of a held prefix (tail first): the whole
                 // prefix is freed, in the order block by block would take.
                 let s = &mut slots[block.key_slot as usize];
@@ -801,6 +831,11 @@ impl BlockPool {
                     continue;
                 }
                 cached += block.has_key() as u32;
+                if !block.has_key() {
+                    // (No free block is marked REPLACED: allocated, it
+                    // is fresh.)
+                    block.key_slot = NONE;
+                }
                 freed += 1;
                 id
             };
@@ -848,6 +883,22 @@ impl BlockPool {
                 }
             }
         }
+    }
+}
+
+/// Whether block `id`'s fields are its own rather than a fresh block's
+/// leftovers ([`StreamBlocks`]): the index names it at the identity it
+/// claims, or a newer copy took its identity while it was held. (Not for
+/// the inner blocks of a held or queued prefix, which nothing reads.)
+#[inline(always)]
+fn own_fields(b: &Block, id: BlockId, slots: &[StreamBlocks]) -> bool {
+    if b.has_key() {
+        let named = slots
+            .get(b.key_slot as usize)
+            .and_then(|s| s.at.get(b.key_index as usize));
+        named == Some(&id)
+    } else {
+        b.key_slot == REPLACED
     }
 }
 
@@ -1459,6 +1510,43 @@ mod tests {
         assert_eq!(pool.num_free_cached(), 1);
     }
 
+    #[test]
+    fn a_block_held_twice_keeps_its_count_when_a_newer_copy_takes_its_identity() {
+        // 4 blocks. Table a caches stream 1's block 0 in block 0, which b
+        // hits: two references (the held prefix written out for the second
+        // holder).
+        let mut pool = BlockPool::new(4, 16);
+        let path = BlockPath::stream(1);
+        let a = cached_table(&mut pool, 1, 1);
+        let mut b = Vec::new();
+        pool.touch_prefix(&path, 1, &mut b);
+        assert_eq!((a[0], b[0]), (0, 0));
+        assert_eq!(pool.ref_count(0), 2);
+        // Table c caches the same content in block 1: the index now names
+        // block 1, and block 0, still held by a and b, keeps its 2.
+        let c = cached_table(&mut pool, 1, 1);
+        assert_eq!(c, vec![1]);
+        assert_eq!(pool.ref_counts(), vec![2, 1, 0, 0]);
+        check_consistent(&pool);
+        // Freeing a leaves it held by b (not queued); freeing b frees it,
+        // without identity: 3 free blocks, none cached.
+        pool.free(&a);
+        assert_eq!((pool.num_free(), pool.ref_count(0)), (2, 1));
+        check_consistent(&pool);
+        pool.free(&b);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 0));
+        assert_eq!(pool.free_queue(), vec![2, 3, 0]);
+        check_consistent(&pool);
+        // Allocated again, block 0 is fresh; freed uncached, it is free.
+        let mut d = Vec::new();
+        assert!(pool.allocate(3, &mut d));
+        assert_eq!(d, vec![2, 3, 0]);
+        pool.free(&d);
+        assert_eq!((pool.num_free(), pool.num_free_cached()), (3, 0));
+        assert_eq!(pool.free_queue(), vec![0, 3, 2]);
+        check_consistent(&pool);
+    }
+
     fn vllm_pool(num_gpu_blocks: u32, block_size: u32) -> BlockPool {
         BlockPool::for_engine(num_gpu_blocks, block_size, EngineSemantics::Vllm033)
     }
@@ -1597,7 +1685,21 @@ mod tests {
                 assert_eq!(pool.blocks[top as usize].ref_cnt, 0, "queued top {top}");
             }
         }
-        for (id, b) in pool.blocks.iter().enumerate().filter(|(_, b)| b.has_key()) {
+        // A block's identity is the index's, for every block whose fields
+        // are its own: a free one (but the inner blocks of a queued
+        // prefix) with the reference semantics, any with vLLM's (fresh
+        // blocks' fields are leftovers).
+        let mut queued = vec![false; pool.blocks.len()];
+        for &id in &queue {
+            queued[id as usize] = !inner[id as usize];
+            let b = &pool.blocks[id as usize];
+            assert!(
+                queued[id as usize] || b.key_slot != REPLACED,
+                "free block {id}"
+            );
+        }
+        let own = |id: usize| pool.vllm || queued[id];
+        for (id, b) in (pool.blocks.iter().enumerate()).filter(|&(id, b)| b.has_key() && own(id)) {
             let at = pool.slots[b.key_slot as usize].at[b.key_index as usize];
             let key = BlockKey {
                 stream: pool.slots[b.key_slot as usize].stream,
