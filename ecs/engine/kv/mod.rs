@@ -670,7 +670,7 @@ impl BlockPool {
             write_out_hold(blocks, slot, s);
         }
         cut_queued(blocks, slot, s, lo);
-        let mut held = s.held;
+        let (mut held, count) = (s.held, s.count);
         let at = &mut s.at[lo as usize..lo as usize + ids.len()];
         // The blocks that join come first (nearly all of a read's): the
         // table's blocks past what it has cached are its own new ones
@@ -683,7 +683,14 @@ impl BlockPool {
         if holder {
             debug_assert!(!vllm);
             debug_assert_eq!(held, lo, "the held prefix grows by the next blocks");
-            joined = at.iter().position(|&e| e != NONE).unwrap_or(at.len());
+            // (When the held prefix is all the stream has cached, every
+            // entry past it is free: nothing to look for.)
+            joined = if count == held {
+                at.len()
+            } else {
+                at.iter().position(|&e| e != NONE).unwrap_or(at.len())
+            };
+            debug_assert!(at[..joined].iter().all(|&e| e == NONE));
             if joined > 0 {
                 at[..joined].copy_from_slice(&ids[..joined]);
                 held += joined as u32;
