@@ -1876,9 +1876,7 @@ mod tests {
                 check_consistent(&pool);
                 if reference {
                     assert_eq!(pool.free_queue(), Vec::from(plain.queue.clone()));
-                    for id in 0..n {
-                        assert_eq!(pool.ref_count(id), plain.refs[id as usize]);
-                    }
+                    assert_eq!(pool.ref_counts(), plain.refs);
                     for stream in 0..4 {
                         let all = BlockPath::stream(stream);
                         assert_eq!(pool.cached_prefix_blocks(&all, 64), plain.leading(stream));
