@@ -18,9 +18,13 @@ use crate::shared::{
 pub struct StepScratch {
     pub log: StepLog,
     /// For the loop's fast ticks: the engines, by position in
-    /// [`EngineIndex::all`], that may form a step or cut a run (dirty after
-    /// their last look, or their step just ended). The others are as the
-    /// tick before left them, so a fast tick does not look them up.
+    /// [`EngineIndex::all`], that may form a step or cut a run (something
+    /// reached them since their last look, or their step just ended). The
+    /// others are as the tick before left them, so a fast tick does not
+    /// look them up. A look unmarks an engine even when it stays dirty: it
+    /// is then busy, its run cut already or not to be cut, and until its
+    /// step ends another look changes nothing (the cut falls at the same
+    /// step end).
     pub(crate) may_start: Vec<bool>,
 }
 
@@ -135,8 +139,10 @@ pub fn step_start_system(
 /// with `after` shown each engine, prefillers then decoders, once its step
 /// is formed (the fast tick reads the gauges' inputs on the same look-up).
 /// With `only_marked`, only the engines `scratch.may_start` marks are
-/// looked at (and shown), and each is marked again if it is still dirty:
-/// an engine that is not dirty forms nothing and changes nothing here.
+/// looked at (and shown), and each is unmarked: an engine that is not
+/// dirty forms nothing and changes nothing here, nor does one left dirty by
+/// a look (busy: its run is cut at the first step end at or after the
+/// look, which a later look finds again) until its step ends.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start_steps(
     now: f64,
@@ -154,8 +160,11 @@ pub(crate) fn start_steps(
     for (k, &e) in index.all().enumerate() {
         if only_marked && !scratch.may_start[k] {
             debug_assert!(
-                !engines.get(e).expect("engine").0.dirty,
-                "an unmarked engine is dirty"
+                {
+                    let engine = engines.get(e).expect("engine").0;
+                    !engine.dirty || !engine.is_idle()
+                },
+                "an unmarked engine is dirty and idle (nothing left it busy)"
             );
             continue;
         }
@@ -234,7 +243,7 @@ pub(crate) fn start_steps(
             }
         }
         if only_marked {
-            scratch.may_start[k] = engine.dirty;
+            scratch.may_start[k] = false;
         }
         after(k, &engine, &kv);
     }
