@@ -1232,6 +1232,8 @@ fn lone_lane(
     let (e, mut generation) = events.step_ends[0];
     let (mut engine, mut kv) = engines.get_mut(e).expect("engine");
     let first_other = next_instant(agenda, deadlines.next_time()).unwrap_or(f64::INFINITY);
+    // (Only this engine changes here: the gauges work the others out once.)
+    let decoder = gauges.hold_all_but(index, k);
     loop {
         let now = clock.now;
         // (As `end_steps` and `start_steps` take the step end.)
@@ -1244,8 +1246,13 @@ fn lone_lane(
             Boundary::Next(end) => end,
         };
         generation = engine.generation;
-        gauges.engines[k] = EngineState::of(&engine, &kv);
-        observe(now, index, gauges, counters, trend);
+        let state = EngineState::of(&engine, &kv);
+        if decoder {
+            gauges.observe_all_but(now, state, index, counters, trend);
+        } else {
+            gauges.engines[k] = state;
+            observe(now, index, gauges, counters, trend);
+        }
         if clock.ticks.is_multiple_of(CHECK_EVERY) || end >= first_other || end > horizon {
             agenda.schedule(end, Event::StepEnd(e, generation));
             return Lane::Done;
