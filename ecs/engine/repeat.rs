@@ -407,9 +407,13 @@ impl Engine {
         }
         let mut gaps = crate::engine::observe::phase_hist(&mut self.itl, phase).each_n(1);
         let both = (old - 1).min(next);
-        for j in 0..both {
-            gaps.push(ends[j + 1] - ends[j]);
-            ends[j] = step_ends.next();
+        // Step by step along pairs of old ends, the later not yet
+        // overwritten (as cells: one slice read and written, no index
+        // checked).
+        let cells = std::cell::Cell::from_mut(&mut ends[..=both]).as_slice_of_cells();
+        for [end, later] in cells.array_windows() {
+            gaps.push(later.get() - end.get());
+            end.set(step_ends.next());
         }
         for j in both..old - 1 {
             gaps.push(ends[j + 1] - ends[j]);
