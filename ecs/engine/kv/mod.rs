@@ -1696,16 +1696,18 @@ mod tests {
         // are its own: a free one (but the inner blocks of a queued
         // prefix) with the reference semantics, any with vLLM's (fresh
         // blocks' fields are leftovers).
-        let mut queued = vec![false; pool.blocks.len()];
+        // (No free block of its own fields is marked REPLACED: allocated,
+        // it would be fresh.)
+        let mut free_own = vec![false; pool.blocks.len()];
         for &id in &queue {
-            queued[id as usize] = !inner[id as usize];
+            free_own[id as usize] = !inner[id as usize];
             let b = &pool.blocks[id as usize];
             assert!(
-                queued[id as usize] || b.key_slot != REPLACED,
-                "free block {id}"
+                !free_own[id as usize] || b.key_slot != REPLACED,
+                "free block {id} marked replaced"
             );
         }
-        let own = |id: usize| pool.vllm || queued[id];
+        let own = |id: usize| pool.vllm || free_own[id];
         for (id, b) in (pool.blocks.iter().enumerate()).filter(|&(id, b)| b.has_key() && own(id)) {
             let at = pool.slots[b.key_slot as usize].at[b.key_index as usize];
             let key = BlockKey {
