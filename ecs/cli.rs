@@ -2,14 +2,13 @@
 
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
 use crate::metrics::Report;
 use crate::metrics::formats::{bench_json, timeline};
 use crate::metrics::write_atomic;
 use crate::scenario::{self, Scenario};
-use crate::sim::{Outputs, SIM_TIME, Sim};
+use crate::sim::{Outputs, Sim, sim_time};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -183,11 +182,7 @@ struct SimTimer;
 
 impl tracing_subscriber::fmt::time::FormatTime for SimTimer {
     fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-        write!(
-            w,
-            "t={:.6}",
-            f64::from_bits(SIM_TIME.load(Ordering::Relaxed))
-        )
+        write!(w, "t={:.6}", sim_time())
     }
 }
 

@@ -58,8 +58,8 @@
 //! | [`outputs`] | a run with its output files (JSON, vLLM bench, AIPerf, Prometheus, timeline, HTML, figures) |
 
 use bevy_ecs::prelude::*;
+use std::cell::Cell;
 use std::sync::OnceLock;
-use std::sync::atomic::AtomicU64;
 
 pub mod faults;
 pub mod outputs;
@@ -86,8 +86,25 @@ pub enum SimSystems {
     Observe,
 }
 
-/// Simulated time of the tick in progress (`f64` bits), for log timestamps.
-pub static SIM_TIME: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// Simulated time of the tick in progress on this thread, for log
+    /// timestamps. One per thread: a sweep runs a simulation on each, and
+    /// one global written every tick by both moved its cache line between
+    /// the cores at every tick.
+    static SIM_TIME: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// Marks `t` as the simulated time of this thread's tick in progress.
+#[inline]
+pub(crate) fn set_sim_time(t: f64) {
+    SIM_TIME.set(t);
+}
+
+/// The simulated time of this thread's tick in progress (what log lines
+/// print).
+pub(crate) fn sim_time() -> f64 {
+    SIM_TIME.get()
+}
 
 /// A function that extends every simulation built in this process with the
 /// user's own systems and resources ([`crate::cli::main_with`]): the
@@ -105,4 +122,23 @@ pub fn set_extension(f: Box<Extension>) -> Result<(), crate::error::Error> {
 
 pub(crate) fn extension() -> Option<&'static Extension> {
     EXTENSION.get().map(|b| b.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_thread_logs_its_own_simulated_time() {
+        // A sweep runs one simulation per thread: a log line of one run
+        // must not carry the time of the other's tick.
+        set_sim_time(5.0);
+        std::thread::spawn(|| {
+            assert_eq!(sim_time(), 0.0);
+            set_sim_time(7.0);
+        })
+        .join()
+        .expect("the other thread ran");
+        assert_eq!(sim_time(), 5.0);
+    }
 }

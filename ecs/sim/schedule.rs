@@ -36,7 +36,7 @@ use crate::shared::{
 use crate::sim::faults::faults_system;
 use crate::sim::phases::phase_system;
 use crate::sim::retire::{Retirement, fail_system, retire, retire_system};
-use crate::sim::{SIM_TIME, SimSystems};
+use crate::sim::{SimSystems, set_sim_time};
 use crate::transfer::systems::{
     NewFlows, bandwidth_system, finish_flows, post_reads, post_reads_system, share_bandwidth,
     start_reads, transfer_system,
@@ -539,7 +539,7 @@ fn pop_tick(
     clock.now = t;
     clock.ticks += 1;
     // Log lines carry the simulated time of the tick they come from.
-    SIM_TIME.store(t.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    set_sim_time(t);
     Some(fast)
 }
 
@@ -1262,7 +1262,7 @@ fn lone_lane(
         clock.now = end;
         clock.ticks += 1;
         clock.lone_ticks += 1;
-        SIM_TIME.store(end.to_bits(), std::sync::atomic::Ordering::Relaxed);
+        set_sim_time(end);
     }
 }
 
