@@ -204,8 +204,8 @@ fn window_cut_and_scaling_shape_the_arrivals() {
     assert!(report.trace.as_ref().unwrap().cut);
 }
 
-/// A malformed line is refused naming the file, the line and the field; a
-/// wrong `block_tokens` is caught by the id count.
+/// A malformed line is refused naming the file, the line, the column and
+/// the field; a wrong `block_tokens` is caught by the id count.
 #[test]
 fn a_malformed_trace_line_names_file_line_and_field() {
     let text = "{\"timestamp\":0,\"input_length\":8,\"output_length\":2,\"hash_ids\":[1]}\n\
@@ -222,8 +222,12 @@ fn a_malformed_trace_line_names_file_line_and_field() {
     let path = trace_file("per8.jsonl", text);
     let sc = tiny(&[trace_set(&path, "").as_str()]);
     let err = pdsim::Sim::new(&sc).err().expect("refused").to_string();
+    // The ids' `[` is byte 62 of the line (`"hash_ids":` ends at 61):
+    // column 63.
     assert!(
-        err.contains("per8.jsonl:1:") && err.contains("needs 1") && err.contains("block_tokens"),
+        err.contains("per8.jsonl:1:63: `hash_ids` has 2 ids")
+            && err.contains("needs 1")
+            && err.contains("block_tokens"),
         "{err}"
     );
     let text = "{\"timestamp\":0,\"input_length\":8,\"output_length\":2,\"hash_ids\":[1],\"priority\":3}\n";

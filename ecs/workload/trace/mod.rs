@@ -348,10 +348,13 @@ impl<'a> Preparer<'a> {
         }
         let path = match (&r.hash_ids, self.format) {
             (Some(ids), _) => {
-                let (path, seen) = self
-                    .builder
-                    .path(ids, r.input, lone)
-                    .map_err(|e| Error::new(format!("{}:{}: {e}", self.file, r.line)))?;
+                let (path, seen) = self.builder.path(ids, r.input, lone).map_err(|e| {
+                    // (Only Mooncake lines have hash ids.)
+                    let path = Path::new(&self.file);
+                    let at = mooncake::value_column_in_file(path, r.line, "hash_ids")
+                        .map_or(String::new(), |c| format!("{c}:"));
+                    Error::new(format!("{}:{}:{at} {e}", self.file, r.line))
+                })?;
                 self.seen += seen as u64;
                 Some(path)
             }

@@ -494,8 +494,10 @@ pub fn read(
                 })?
             }
         };
-        let bad =
-            |field: &str, why: &str| Error::new(format!("{file}:{n}: field `{field}`: {why}"));
+        let bad = |field: &str, why: &str| {
+            let at = value_column(&raw, field).map_or(String::new(), |c| format!("{c}:"));
+            Error::new(format!("{file}:{n}:{at} field `{field}`: {why}"))
+        };
         for (field, v) in [("timestamp", line.timestamp), ("delay", line.delay)] {
             if let Some(v) = v
                 && !(v.is_finite() && v >= 0.0)
@@ -534,6 +536,48 @@ pub fn read(
             return Ok(());
         }
     }
+}
+
+/// The 1-based column (in bytes, as serde_json counts it) of the value of
+/// key `key` in a JSON line, for messages; None when the line does not
+/// write the key plainly (an escape in it).
+pub(super) fn value_column(raw: &[u8], key: &str) -> Option<usize> {
+    let quoted = format!("\"{key}\"");
+    let skip_space = |from: usize| {
+        from + raw[from..]
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count()
+    };
+    // A quoted key is the only place its quoted name can be followed by a
+    // colon: inside a string value a quote ends the string.
+    let mut from = 0;
+    while let Some(i) = raw[from..]
+        .windows(quoted.len())
+        .position(|w| w == quoted.as_bytes())
+    {
+        let colon = skip_space(from + i + quoted.len());
+        if raw.get(colon) == Some(&b':') {
+            return Some(skip_space(colon + 1) + 1);
+        }
+        from += i + 1;
+    }
+    None
+}
+
+/// The column of `key`'s value on line `line` (1-based) of the trace file
+/// at `path` ([`value_column`]), read again for a message.
+pub(super) fn value_column_in_file(path: &Path, line: usize, key: &str) -> Option<usize> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut raw = Vec::new();
+    for _ in 0..line {
+        raw.clear();
+        if read_line(&mut reader, &mut raw).ok()? == 0 {
+            return None;
+        }
+    }
+    value_column(&raw, key)
 }
 
 /// The line parsed with the path of each value tracked (the same parser,
@@ -644,6 +688,41 @@ mod tests {
             let next = (v + 1 < 10u64.pow(n as u32)).then(|| digits(v + 1, n));
             assert_eq!(increment(digits(v, n), n), next, "{v} in {n} digits");
         }
+    }
+
+    #[test]
+    fn a_value_is_found_by_its_key_not_by_a_string_equal_to_it() {
+        // `{"a":1,"input_length" : 0}`: the key's quotes at bytes 7 and
+        // 20, the colon at 22, the value at byte 24: column 25.
+        assert_eq!(
+            value_column(br#"{"a":1,"input_length" : 0}"#, "input_length"),
+            Some(25)
+        );
+        // The session's id is the string "input_length" (bytes 14 to 27,
+        // a comma after it); the key is at 29 to 42, its value at byte
+        // 44: column 45.
+        let line = br#"{"session_id":"input_length","input_length":0}"#;
+        assert_eq!(value_column(line, "input_length"), Some(45));
+        // A key written with an escape is not found (the message then has
+        // no column), nor is one the line lacks.
+        assert_eq!(
+            value_column(br#"{"input\u005flength":0}"#, "input_length"),
+            None
+        );
+        assert_eq!(value_column(br#"{"delay":0}"#, "input_length"), None);
+    }
+
+    #[test]
+    fn a_value_out_of_range_is_refused_with_its_line_column_and_field() {
+        // Line 2's `input_length` is 0: `{"timestamp":1,"input_length":0`
+        // puts the 0 at byte 30, column 31.
+        let text = b"{\"timestamp\":0,\"input_length\":4,\"output_length\":1}\n\
+            {\"timestamp\":1,\"input_length\":0,\"output_length\":1}\n";
+        let err = read(&text[..], Path::new("t.jsonl"), |_| Ok(true)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.jsonl:2:31: field `input_length`: a prompt has at least 1 token"
+        );
     }
 
     #[test]
