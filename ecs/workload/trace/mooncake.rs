@@ -551,18 +551,10 @@ pub(super) fn value_column(raw: &[u8], key: &str) -> Option<usize> {
     };
     // A quoted key is the only place its quoted name can be followed by a
     // colon: inside a string value a quote ends the string.
-    let mut from = 0;
-    while let Some(i) = raw[from..]
-        .windows(quoted.len())
-        .position(|w| w == quoted.as_bytes())
-    {
-        let colon = skip_space(from + i + quoted.len());
-        if raw.get(colon) == Some(&b':') {
-            return Some(skip_space(colon + 1) + 1);
-        }
-        from += i + 1;
-    }
-    None
+    memchr::memmem::find_iter(raw, quoted.as_bytes()).find_map(|i| {
+        let colon = skip_space(i + quoted.len());
+        (raw.get(colon) == Some(&b':')).then(|| skip_space(colon + 1) + 1)
+    })
 }
 
 /// The column of `key`'s value on line `line` (1-based) of the trace file
