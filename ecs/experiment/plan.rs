@@ -185,6 +185,20 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 }
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// Refuses `path` (set or swept, as `what` says) when it is one of the
+/// fields a sweep gives every run itself, naming the option to use.
+fn refuse_run_field(path: &str, what: &str) -> Result<()> {
+    let instead = match path {
+        "seed" => "--seeds (or the experiment's `seeds`)",
+        "horizon" => "--horizon (or the experiment's `horizon`)",
+        "warmup" => "--warmup (or the experiment's `warmup`)",
+        _ => return Ok(()),
+    };
+    Err(Error::new(format!(
+        "{what}: a sweep gives every run its `{path}` itself; use {instead}"
+    )))
+}
+
 /// Builds and checks the plan of `pdsim sweep`: every point must load and
 /// compile before any run starts.
 pub fn plan(args: &SweepArgs, reads: &TraceReads) -> Result<Manifest> {
@@ -238,10 +252,23 @@ pub fn plan(args: &SweepArgs, reads: &TraceReads) -> Result<Manifest> {
             args.warmup,
         )
     };
+    // Every run's seed, horizon and warm-up are the sweep's own, written
+    // after the overrides: set or swept, they would be silently replaced.
+    for s in &set {
+        let path = s.split_once('=').map_or(s.as_str(), |(p, _)| p).trim();
+        refuse_run_field(path, &format!("{}: set `{path}`", target.display()))?;
+    }
+    for s in &args.set {
+        let path = s.split_once('=').map_or(s.as_str(), |(p, _)| p).trim();
+        refuse_run_field(path, &format!("--set {s}"))?;
+    }
     set.splice(0..0, args.trace.override_());
     set.extend(args.set.iter().cloned());
     for g in &args.grid {
         grid.push((parse_grid(g)?, format!("--grid {g}")));
+    }
+    for (axis, what) in &grid {
+        refuse_run_field(&axis.path, what)?;
     }
     for (i, (axis, what)) in grid.iter().enumerate() {
         if grid[..i].iter().any(|(a, _)| a.path == axis.path) {

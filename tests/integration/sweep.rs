@@ -280,6 +280,26 @@ fn bad_arguments_get_one_line_naming_what_is_wrong() {
         ..args(&root)
     });
     assert!(e.contains("out of range"), "{e}");
+    // A run's seed, horizon and warm-up are the sweep's: set or swept they
+    // would be replaced without a word, so they are refused.
+    let e = sweep_err(&SweepArgs {
+        set: vec!["horizon=1".into()],
+        ..args(&root)
+    });
+    assert!(
+        e.starts_with("--set horizon=1: ") && e.contains("use --horizon"),
+        "{e}"
+    );
+    let e = sweep_err(&SweepArgs {
+        grid: vec![" seed =1,2".into()],
+        ..args(&root)
+    });
+    assert!(e.contains("`seed`") && e.contains("use --seeds"), "{e}");
+    let e = sweep_err(&SweepArgs {
+        grid: vec!["warmup=0,10".into()],
+        ..args(&root)
+    });
+    assert!(e.contains("use --warmup"), "{e}");
     assert!(!root.exists(), "nothing is written for refused arguments");
 
     // The command line prints the same single line.
