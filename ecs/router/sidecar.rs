@@ -11,9 +11,10 @@ use crate::router::Router;
 use crate::scenario::{Fault, TransferMode};
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, Event, FailReason, Failed, FaultRng, Handoffs,
+    Joining,
 };
 use crate::transfer::leases::{NewLease, grant};
-use crate::transfer::{Flows, Nic};
+use crate::transfer::{Flows, Lease, Nic};
 
 /// Whether a prefill answered now is lost on its way to the sidecar (a
 /// `PrefillAnswerLost` fault).
@@ -37,6 +38,7 @@ fn answer_lost(faults: &[Fault], now: f64, rng: &mut FaultRng) -> bool {
 #[allow(clippy::too_many_arguments)]
 pub fn handoff_system(
     mut commands: Commands,
+    mut granted: ResMut<Joining<Lease>>,
     clock: Res<Clock>,
     mut handoffs: ResMut<Handoffs>,
     mut flows: ResMut<Flows>,
@@ -58,13 +60,13 @@ pub fn handoff_system(
         &mut router,
         (&mut deadlines, &mut agenda, &mut failed),
         (&mut rng, &scenario.0.faults),
-        &mut commands,
+        (&mut commands, &mut granted),
     );
 }
 
 /// The body of [`handoff_system`], also run by the fast ticks on their own
-/// fetch where it spawns only leases, which nothing looks up before the
-/// fast ticks stop (`sim::schedule`).
+/// fetch where it spawns only leases, which they look up in `granted`
+/// until they stop (`sim::schedule`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn hand_off(
     now: f64,
@@ -78,7 +80,7 @@ pub(crate) fn hand_off(
     router: &mut Router,
     (deadlines, agenda, failed): (&mut Deadlines, &mut Agenda, &mut Failed),
     (rng, faults): (&mut FaultRng, &[Fault]),
-    commands: &mut Commands,
+    (commands, granted): (&mut Commands, &mut Joining<Lease>),
 ) {
     for &id in &handoffs.queue {
         let r = reqs.req(id);
@@ -113,7 +115,7 @@ pub(crate) fn hand_off(
             lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
             lease.stranded |= booked.is_none();
             let stranded = lease.stranded;
-            let l = grant(commands, deadlines, &flows.lease, lease, now);
+            let l = grant((commands, granted), deadlines, &flows.lease, lease, now);
             let Some(d) = reqs.find_mut(twin) else {
                 continue;
             };
@@ -134,13 +136,25 @@ pub(crate) fn hand_off(
             // No decode leg is sent: the request waits for ever, its lease
             // for its expiry.
             r.stuck = true;
-            r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
+            r.lease = Some(grant(
+                (commands, granted),
+                deadlines,
+                &flows.lease,
+                lease,
+                now,
+            ));
             continue;
         }
         let (mut d, _) = engines.get_mut(decoder).expect("decoder");
         if d.down {
             lease.stranded = true;
-            r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
+            r.lease = Some(grant(
+                (commands, granted),
+                deadlines,
+                &flows.lease,
+                lease,
+                now,
+            ));
             r.status = Status::Failed;
             failed.queue.push((id, FailReason::DecoderDown));
             continue;
@@ -167,7 +181,13 @@ pub(crate) fn hand_off(
                 );
             }
         }
-        r.lease = Some(grant(commands, deadlines, &flows.lease, lease, now));
+        r.lease = Some(grant(
+            (commands, granted),
+            deadlines,
+            &flows.lease,
+            lease,
+            now,
+        ));
     }
     handoffs.queue.clear();
 }

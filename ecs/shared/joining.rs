@@ -5,17 +5,34 @@
 //! the list's systems give it (a fault sweeps the requests in that order).
 //! Until then, the fast ticks look them up there too ([`WithJoining`]).
 
+use std::collections::VecDeque;
+
 use bevy_ecs::component::Mutable;
 use bevy_ecs::prelude::*;
 
 /// Components of entities made in the fast ticks (reserved, not yet
-/// spawned), in the order they were made.
+/// spawned), in the order they were made. The fast ticks look entities up
+/// here first, most of them not here, and keep a request here for most of
+/// its life (their stretches are long): an entity is found by its index,
+/// not by a scan.
 #[derive(Resource)]
-pub struct Joining<T: Component>(Vec<(Entity, T)>);
+pub struct Joining<T: Component> {
+    ids: VecDeque<Entity>,
+    items: VecDeque<T>,
+    /// By entity index: 1 + the sequence number of its item (0: none).
+    seq_of: Vec<u64>,
+    /// The sequence number of the first item.
+    front: u64,
+}
 
 impl<T: Component> Default for Joining<T> {
     fn default() -> Self {
-        Joining(Vec::new())
+        Joining {
+            ids: VecDeque::new(),
+            items: VecDeque::new(),
+            seq_of: Vec::new(),
+            front: 0,
+        }
     }
 }
 
@@ -24,7 +41,13 @@ impl<T: Component> Joining<T> {
     /// the command that joins it to the world: after what was queued
     /// before, before what is queued after.
     pub fn keep(&mut self, commands: &mut Commands, id: Entity, item: T) {
-        self.0.push((id, item));
+        let k = id.index_u32() as usize;
+        if self.seq_of.len() <= k {
+            self.seq_of.resize(k + 1, 0);
+        }
+        self.seq_of[k] = self.front + self.ids.len() as u64 + 1;
+        self.ids.push_back(id);
+        self.items.push_back(item);
         commands.queue(move |world: &mut World| {
             let item = world.resource_mut::<Joining<T>>().take(id);
             world
@@ -33,14 +56,35 @@ impl<T: Component> Joining<T> {
         });
     }
 
+    /// Entity `id`'s component, taken out. The commands join them in the
+    /// order they were kept, so it is the first; were it not, the later
+    /// ones move up one.
     fn take(&mut self, id: Entity) -> Option<T> {
-        let at = self.0.iter().position(|(e, _)| *e == id)?;
-        Some(self.0.swap_remove(at).1)
+        let at = self.position(id)?;
+        self.seq_of[id.index_u32() as usize] = 0;
+        self.ids.remove(at);
+        if at == 0 {
+            self.front += 1;
+        } else {
+            for later in self.ids.range(at..) {
+                self.seq_of[later.index_u32() as usize] -= 1;
+            }
+        }
+        self.items.remove(at)
+    }
+
+    /// Where entity `id`'s component is, if it is here.
+    #[inline]
+    fn position(&self, id: Entity) -> Option<usize> {
+        let seq = *self.seq_of.get(id.index_u32() as usize)?;
+        let at = seq.checked_sub(self.front + 1)? as usize;
+        // (Another generation of the index is not this entity.)
+        (self.ids.get(at) == Some(&id)).then_some(at)
     }
 
     /// Whether every component kept has joined the world.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.ids.is_empty()
     }
 }
 
@@ -70,21 +114,71 @@ impl<T: Component, S: Lookup<T>> Lookup<T> for WithJoining<'_, S, T> {
     fn find(&self, id: Entity) -> Option<&T> {
         match self.table.find(id) {
             Some(item) => Some(item),
-            None => self
-                .joining
-                .0
-                .iter()
-                .find(|(e, _)| *e == id)
-                .map(|(_, t)| t),
+            None => self.joining.position(id).map(|i| &self.joining.items[i]),
         }
     }
     fn find_mut(&mut self, id: Entity) -> Option<&mut T> {
         // (Joining first: the table's borrow could not be given back.)
-        if !self.joining.0.is_empty()
-            && let Some((_, item)) = self.joining.0.iter_mut().find(|(e, _)| *e == id)
+        if !self.joining.is_empty()
+            && let Some(i) = self.joining.position(id)
         {
-            return Some(item);
+            return Some(&mut self.joining.items[i]);
         }
         self.table.find_mut(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bevy_ecs::world::CommandQueue;
+
+    #[derive(Component, Debug, PartialEq)]
+    struct N(u32);
+
+    #[test]
+    fn a_joining_entity_is_found_by_its_index_and_joins_in_order() {
+        let mut world = World::new();
+        let mut queue = CommandQueue::default();
+        let mut joining = Joining::<N>::default();
+        let (a, b, c, d);
+        {
+            let mut commands = Commands::new(&mut queue, &world);
+            [a, b, c, d] = std::array::from_fn(|_| commands.spawn_empty().id());
+            for (e, n) in [(a, 1), (b, 2), (c, 3)] {
+                joining.keep(&mut commands, e, N(n));
+            }
+        }
+        assert_eq!(
+            [a, b, c, d].map(|e| joining.position(e)),
+            [Some(0), Some(1), Some(2), None]
+        );
+        // The same index in another generation is another entity.
+        let c_later =
+            Entity::from_index_and_generation(c.index(), c.generation().after_versions(1));
+        assert_eq!(joining.position(c_later), None);
+        // Taken from the middle (the commands never do): c moves up one.
+        assert_eq!(joining.take(b), Some(N(2)));
+        assert_eq!(
+            [a, b, c].map(|e| joining.position(e)),
+            [Some(0), None, Some(1)]
+        );
+        assert_eq!(joining.take(a), Some(N(1)));
+        assert_eq!(joining.position(c), Some(0));
+
+        // The commands take them from the front, in the order kept.
+        let mut queue = CommandQueue::default();
+        let mut joining = Joining::<N>::default();
+        let mut commands = Commands::new(&mut queue, &world);
+        let [e, f] = std::array::from_fn(|_| commands.spawn_empty().id());
+        for (id, n) in [(e, 4), (f, 5)] {
+            joining.keep(&mut commands, id, N(n));
+        }
+        world.insert_resource(joining);
+        world.flush();
+        queue.apply(&mut world);
+        assert!(world.resource::<Joining<N>>().is_empty());
+        assert_eq!(world.get::<N>(e), Some(&N(4)));
+        assert_eq!(world.get::<N>(f), Some(&N(5)));
     }
 }

@@ -225,6 +225,7 @@ impl Sim {
         world.insert_resource(StepScratch::default());
         world.insert_resource(Joining::<Request>::default());
         world.insert_resource(Joining::<Session>::default());
+        world.insert_resource(Joining::<Lease>::default());
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());
@@ -695,6 +696,7 @@ type FastTickParams = (
         Query<'static, 'static, &'static mut Session>,
         ResMut<'static, Joining<Request>>,
         ResMut<'static, Joining<Session>>,
+        ResMut<'static, Joining<Lease>>,
     ),
 );
 
@@ -823,8 +825,9 @@ impl DirectTick {
         self.fast.apply(world);
         debug_assert!(
             world.resource::<Joining<Request>>().is_empty()
-                && world.resource::<Joining<Session>>().is_empty(),
-            "every request and session the fast ticks made joined the world"
+                && world.resource::<Joining<Session>>().is_empty()
+                && world.resource::<Joining<Lease>>().is_empty(),
+            "every request, session and lease the fast ticks made joined the world"
         );
         for (id, flow) in self.new_flows.0.drain(..) {
             if let Ok(mut e) = world.get_entity_mut(id) {
@@ -860,9 +863,9 @@ fn routes_on_fast(events: &EventsDue, world: &World) -> bool {
 
 /// Whether a fast tick may hand prefills off itself, rather than hand over
 /// to the list at retirement: a hand-off then spawns only leases, which
-/// nothing looks up before the fast ticks stop and apply their commands
-/// (a lease's flows start at a read, its expiry is a deadline: both are
-/// ticks of the list). Store-and-forward starts its copy's flows at once,
+/// the fast ticks' reads and flow ends look up in [`Joining`] until they
+/// stop and apply their commands (a lease's expiry is a deadline, a tick
+/// of the list). Store-and-forward starts its copy's flows at once,
 /// and the link sharing of the same tick reads them; a parallel dispatch
 /// despawns the prefill leg.
 fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
@@ -889,11 +892,10 @@ fn hands_off_on_fast(flows: &Flows, scenario: &CurrentScenario) -> bool {
 /// and sessions made, the despawns of the retired requests and of the
 /// ended flows and leases, and the leases the hand-offs grant, are applied
 /// in the order the list would apply them when the fast ticks stop, so the
-/// requests' table has the list's order: nothing in a fast tick looks a
-/// lease up — they stop after a tick that granted leases, which reads look
-/// up — and an entity despawned is not reused before then. The requests
-/// and sessions made are looked up in [`Joining`] until then, and the
-/// flows a read starts in `new_flows`: [`NewFlows`].) Then the
+/// requests' table has the list's order, and an entity despawned is not
+/// reused before then. The requests, sessions and leases made are looked
+/// up in [`Joining`] until then, and the flows a read starts in
+/// `new_flows`: [`NewFlows`].) Then the
 /// next tick is handed over here, as the loop would ([`pop_tick`]), on the
 /// same fetch of the resources: that is most of a fast tick's cost. It
 /// stops at the loop's next backlog check (a tick count that is a multiple
@@ -927,7 +929,7 @@ fn fast_ticks(
             mut rng,
             scenario,
         ),
-        (mut workload, phase, mut sessions, mut issued, mut begun),
+        (mut workload, phase, mut sessions, mut issued, mut begun, mut granted),
     ) = state
         .get_mut(world)
         .expect("the built-in resources are in the world");
@@ -940,6 +942,11 @@ fn fast_ticks(
     let mut sessions = WithJoining {
         table: &mut sessions,
         joining: &mut begun,
+    };
+    // So are the leases granted here (reads and flow ends look them up).
+    let mut leases = WithJoining {
+        table: &mut leases,
+        joining: &mut granted,
     };
     // The resources written each tick, marked changed once here rather
     // than on every tick's use (the same change tick: the fetch's).
@@ -955,11 +962,6 @@ fn fast_ticks(
     // what the tick before read (nothing else changes an engine here).
     scratch.may_start.clear();
     scratch.may_start.resize(index.len(), true);
-    // Whether this tick's hand-offs granted leases, which join the world
-    // when the fast ticks stop: they stop after this tick, so that a
-    // read's start, which looks its lease up, finds it (the reads of this
-    // tick started before its hand-offs).
-    let mut leases_granted = false;
     loop {
         let mut lane = Lane::Untouched;
         // Whether the tick routes: one the list ran up to routing, or one
@@ -1123,9 +1125,8 @@ fn fast_ticks(
                     router,
                     (deadlines, agenda, &mut failed),
                     (&mut rng, &scenario.0.faults),
-                    commands,
+                    (commands, leases.joining),
                 );
-                leases_granted = true;
                 // (The decode legs wait on their decoders: every engine is
                 // looked at, as the list's step start does.)
                 scratch.may_start.fill(true);
@@ -1170,7 +1171,7 @@ fn fast_ticks(
         }
         observe(now, &index, gauges, counters, trend);
         // The tick is done; the loop would hand over the next one now.
-        if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() || leases_granted {
+        if clock.ticks.is_multiple_of(CHECK_EVERY) || status.error.is_some() {
             return None;
         }
         match pop_tick(horizon, agenda, deadlines, events, clock) {

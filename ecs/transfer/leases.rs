@@ -16,7 +16,7 @@ use rand::RngExt;
 
 use crate::engine::BlockId;
 use crate::scenario::{Fault, LeaseConfig};
-use crate::shared::Deadlines;
+use crate::shared::{Deadlines, Joining};
 use crate::transfer::{Lease, LeaseState};
 
 /// Seconds between heartbeats and how far each extends the lease
@@ -44,9 +44,11 @@ pub struct NewLease {
     pub parts_left: u32,
 }
 
-/// A lease granted `now`, its expiry booked; returns its entity.
+/// A lease granted `now`, its expiry booked; returns its entity. It joins
+/// the world when `commands` are applied, and is found in `joining` until
+/// then (a fast tick's reads look up the leases it granted).
 pub fn grant(
-    commands: &mut Commands,
+    (commands, joining): (&mut Commands, &mut Joining<Lease>),
     deadlines: &mut Deadlines,
     config: &LeaseConfig,
     new: NewLease,
@@ -59,7 +61,7 @@ pub fn grant(
         f64::INFINITY
     };
     let deadline = new.expires.then(|| deadlines.insert(expires_at, id));
-    commands.entity(id).insert(Lease {
+    let lease = Lease {
         prefiller: new.prefiller,
         request: new.request,
         tokens: new.blocks.len() as u64 * u64::from(new.block_size),
@@ -74,7 +76,8 @@ pub fn grant(
         heartbeats_seen: now,
         renewable: new.renewable && config.heartbeats,
         stranded_since: new.stranded.then_some(now),
-    });
+    };
+    joining.keep(commands, id, lease);
     id
 }
 

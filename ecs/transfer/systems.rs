@@ -9,7 +9,7 @@ use bevy_ecs::prelude::*;
 use crate::engine::{Engine, KvPool, KvSource, Request, RequestStore, Status};
 use crate::scenario::TransferMode;
 use crate::shared::{
-    Agenda, Clock, CurrentScenario, Deadlines, Event, FaultRng, Parked, TickEvents,
+    Agenda, Clock, CurrentScenario, Deadlines, Event, FaultRng, Lookup, Parked, TickEvents,
 };
 use crate::transfer::leases::{renewal, stranded_token_seconds};
 use crate::transfer::{Flow, FlowSlice, Flows, Lease, LeaseState, Nic};
@@ -95,7 +95,11 @@ pub(crate) fn start_reads(
     now: f64,
     read_starts: &[Entity],
     flows: &mut Flows,
-    (reqs, leases, nics): (&mut impl RequestStore, &mut Query<&mut Lease>, &Query<&Nic>),
+    (reqs, leases, nics): (
+        &mut impl RequestStore,
+        &mut impl Lookup<Lease>,
+        &Query<&Nic>,
+    ),
     mut spawn: impl FnMut(Flow) -> Entity,
 ) {
     for &request in read_starts {
@@ -109,7 +113,7 @@ pub(crate) fn start_reads(
             r.stuck = true; // push: its prefiller went down with the KV
             continue;
         };
-        let state = leases.get(lease_id).expect("lease").state;
+        let state = leases.find(lease_id).expect("lease").state;
         if state != LeaseState::Held && flows.mode == TransferMode::NixlPush {
             r.stuck = true; // the prefiller never writes after the expiry
             continue;
@@ -118,7 +122,7 @@ pub(crate) fn start_reads(
         let p = *nics.get(r.prefiller.expect("remote")).expect("prefiller");
         let d = *nics.get(r.decoder.expect("routed")).expect("decoder");
         let parts = flows.start(&mut spawn, request, &p, &d, r.remote_tokens, now);
-        leases.get_mut(lease_id).expect("lease").parts_left = parts;
+        leases.find_mut(lease_id).expect("lease").parts_left = parts;
     }
 }
 
@@ -158,7 +162,7 @@ pub(crate) fn finish_flows<'f>(
     flow_done: &[u64],
     flows: &mut Flows,
     flow_of: impl Fn(Entity) -> &'f Flow,
-    leases: &mut Query<&mut Lease>,
+    leases: &mut impl Lookup<Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool)>,
     reqs: &mut impl RequestStore,
     deadlines: &mut Deadlines,
@@ -194,8 +198,8 @@ pub(crate) fn finish_flows<'f>(
             });
         }
         // The transfer is done when its last rank-to-rank flow is.
-        let mut lease = leases
-            .get_mut(lease_id.expect("a transfer has a lease"))
+        let lease = leases
+            .find_mut(lease_id.expect("a transfer has a lease"))
             .expect("lease");
         lease.parts_left -= 1;
         if lease.parts_left > 0 {
@@ -289,14 +293,14 @@ fn complete(
     now: f64,
     flows: &mut Flows,
     commands: &mut Commands,
-    leases: &Query<&mut Lease>,
+    leases: &impl Lookup<Lease>,
     engines: &mut Query<(&mut Engine, &mut KvPool)>,
     reqs: &mut impl RequestStore,
     deadlines: &mut Deadlines,
 ) {
     let r = reqs.req(request);
     let lease_id = r.lease.take().expect("a transfer has a lease");
-    let lease = leases.get(lease_id).expect("lease");
+    let lease = leases.find(lease_id).expect("lease");
     if let Some(key) = lease.deadline {
         deadlines.remove(key);
     }
