@@ -1,9 +1,10 @@
-//! Entities the fast ticks make (the requests they issue): their
-//! components wait in [`Joining`] while the fast ticks run, each joined to
-//! the world by a command queued where it was made. The commands are
-//! applied in order when the fast ticks stop, so the table gets the order
-//! the list's systems give it (a fault sweeps the requests in that order).
-//! Until then, the fast ticks look them up there too ([`WithJoining`]).
+//! Entities the fast ticks make (the requests and sessions they issue, the
+//! leases their hand-offs grant): their components wait in [`Joining`]
+//! while the fast ticks run, each joined to the world by a command queued
+//! where it was made. The commands are applied in order when the fast
+//! ticks stop, so the table gets the order the list's systems give it (a
+//! fault sweeps the requests in that order). Until then, the fast ticks
+//! look them up there too ([`WithJoining`]).
 
 use std::collections::VecDeque;
 
