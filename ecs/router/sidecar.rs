@@ -115,7 +115,7 @@ pub(crate) fn hand_off(
             lease.heartbeats_from = booked.map(|t| t.leg_arrived_at);
             lease.stranded |= booked.is_none();
             let stranded = lease.stranded;
-            let l = grant((commands, granted), deadlines, &flows.lease, lease, now);
+            let l = grant(commands, granted, deadlines, &flows.lease, lease, now);
             let Some(d) = reqs.find_mut(twin) else {
                 continue;
             };
@@ -136,25 +136,15 @@ pub(crate) fn hand_off(
             // No decode leg is sent: the request waits for ever, its lease
             // for its expiry.
             r.stuck = true;
-            r.lease = Some(grant(
-                (commands, granted),
-                deadlines,
-                &flows.lease,
-                lease,
-                now,
-            ));
+            let l = grant(commands, granted, deadlines, &flows.lease, lease, now);
+            r.lease = Some(l);
             continue;
         }
         let (mut d, _) = engines.get_mut(decoder).expect("decoder");
         if d.down {
             lease.stranded = true;
-            r.lease = Some(grant(
-                (commands, granted),
-                deadlines,
-                &flows.lease,
-                lease,
-                now,
-            ));
+            let l = grant(commands, granted, deadlines, &flows.lease, lease, now);
+            r.lease = Some(l);
             r.status = Status::Failed;
             failed.queue.push((id, FailReason::DecoderDown));
             continue;
@@ -181,13 +171,8 @@ pub(crate) fn hand_off(
                 );
             }
         }
-        r.lease = Some(grant(
-            (commands, granted),
-            deadlines,
-            &flows.lease,
-            lease,
-            now,
-        ));
+        let l = grant(commands, granted, deadlines, &flows.lease, lease, now);
+        r.lease = Some(l);
     }
     handoffs.queue.clear();
 }

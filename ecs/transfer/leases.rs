@@ -48,7 +48,8 @@ pub struct NewLease {
 /// the world when `commands` are applied, and is found in `joining` until
 /// then (a fast tick's reads look up the leases it granted).
 pub fn grant(
-    (commands, joining): (&mut Commands, &mut Joining<Lease>),
+    commands: &mut Commands,
+    joining: &mut Joining<Lease>,
     deadlines: &mut Deadlines,
     config: &LeaseConfig,
     new: NewLease,
