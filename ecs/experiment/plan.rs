@@ -185,6 +185,14 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 }
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The dotted path of an assignment `PATH=VALUE`, as `--set` takes it.
+fn assigned_path(assignment: &str) -> &str {
+    assignment
+        .split_once('=')
+        .map_or(assignment, |(path, _)| path)
+        .trim()
+}
+
 /// Refuses `path` (set or swept, as `what` says) when it is one of the
 /// fields a sweep gives every run itself, naming the option to use.
 fn refuse_run_field(path: &str, what: &str) -> Result<()> {
@@ -255,12 +263,11 @@ pub fn plan(args: &SweepArgs, reads: &TraceReads) -> Result<Manifest> {
     // Every run's seed, horizon and warm-up are the sweep's own, written
     // after the overrides: set or swept, they would be silently replaced.
     for s in &set {
-        let path = s.split_once('=').map_or(s.as_str(), |(p, _)| p).trim();
+        let path = assigned_path(s);
         refuse_run_field(path, &format!("{}: set `{path}`", target.display()))?;
     }
     for s in &args.set {
-        let path = s.split_once('=').map_or(s.as_str(), |(p, _)| p).trim();
-        refuse_run_field(path, &format!("--set {s}"))?;
+        refuse_run_field(assigned_path(s), &format!("--set {s}"))?;
     }
     set.splice(0..0, args.trace.override_());
     set.extend(args.set.iter().cloned());
@@ -277,10 +284,7 @@ pub fn plan(args: &SweepArgs, reads: &TraceReads) -> Result<Manifest> {
                 axis.path
             )));
         }
-        if let Some(s) = set
-            .iter()
-            .find(|s| s.split_once('=').map(|(p, _)| p.trim()) == Some(axis.path.as_str()))
-        {
+        if let Some(s) = set.iter().find(|s| assigned_path(s) == axis.path) {
             return Err(Error::new(format!(
                 "{what}: `{}` is both swept and set (--set {s})",
                 axis.path

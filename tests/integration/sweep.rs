@@ -300,6 +300,25 @@ fn bad_arguments_get_one_line_naming_what_is_wrong() {
         ..args(&root)
     });
     assert!(e.contains("use --warmup"), "{e}");
+    let tiny = std::fs::canonicalize("tests/scenarios/tiny.ron").unwrap();
+    let file = Scratch::file(
+        "sweep-exp-horizon",
+        "exp.ron",
+        &format!(
+            "(name: \"x\", scenario: {:?}, seeds: \"1\", set: {{\"horizon\": 5}}, \
+             grid: [(\"workload.session_rate\", [1, 2])])",
+            tiny.display().to_string()
+        ),
+    );
+    let e = sweep_err(&SweepArgs {
+        target: file.to_path_buf(),
+        out: Some(root.to_path_buf()),
+        ..Default::default()
+    });
+    assert!(
+        e.contains("exp.ron: set `horizon`") && e.contains("use --horizon"),
+        "{e}"
+    );
     assert!(!root.exists(), "nothing is written for refused arguments");
 
     // The command line prints the same single line.
