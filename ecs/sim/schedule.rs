@@ -829,7 +829,7 @@ impl DirectTick {
                 && world.resource::<Joining<Lease>>().is_empty(),
             "every request, session and lease the fast ticks made joined the world"
         );
-        for (id, flow) in self.new_flows.0.drain(..) {
+        for (id, flow) in self.new_flows.drain() {
             if let Ok(mut e) = world.get_entity_mut(id) {
                 e.insert(flow);
             }
@@ -1046,7 +1046,7 @@ fn fast_ticks(
                     (&mut reqs, &mut leases, &nics),
                     |f| {
                         let id = commands.spawn_empty().id();
-                        new_flows.0.push((id, f));
+                        new_flows.push(id, f);
                         id
                     },
                 );

@@ -129,23 +129,55 @@ pub(crate) fn start_reads(
 /// Flows a fast tick started, kept here until the fast ticks stop (their
 /// entities are reserved at once; their components are inserted after the
 /// fast ticks' commands are applied). Nothing outside the fast ticks looks
-/// flows up in between, and inside them each look-up looks here first.
+/// flows up in between, and inside them each look-up looks here first: a
+/// flow is found by its entity's index, not by a scan (a stretch of fast
+/// ticks may start dozens, and the bandwidth shares look every active flow
+/// up twice).
 #[derive(Default)]
-pub(crate) struct NewFlows(pub(crate) Vec<(Entity, Flow)>);
+pub(crate) struct NewFlows {
+    flows: Vec<(Entity, Flow)>,
+    /// By entity index: 1 + the flow's place in `flows` (0: none). An entry
+    /// left from an earlier stretch names a place that holds another entity
+    /// or none, so it is never cleared.
+    place_of: Vec<u32>,
+}
 
 impl NewFlows {
+    /// Keeps flow `flow` of the reserved entity `id`.
+    pub(crate) fn push(&mut self, id: Entity, flow: Flow) {
+        let k = id.index_u32() as usize;
+        if self.place_of.len() <= k {
+            self.place_of.resize(k + 1, 0);
+        }
+        self.place_of[k] = self.flows.len() as u32 + 1;
+        self.flows.push((id, flow));
+    }
+
+    /// The flows kept, in the order they started, to join the world.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (Entity, Flow)> + '_ {
+        self.flows.drain(..)
+    }
+
+    /// Where flow `f` is in `flows`, if it is new.
+    #[inline]
+    fn place(&self, f: Entity) -> Option<usize> {
+        let at = self.place_of.get(f.index_u32() as usize)?.checked_sub(1)? as usize;
+        // (Another generation of the index is not this flow.)
+        (self.flows.get(at)?.0 == f).then_some(at)
+    }
+
     /// Flow `f`, new or in the world.
     pub(crate) fn get<'a>(&'a self, f: Entity, flow_q: &'a Query<&mut Flow>) -> &'a Flow {
-        match self.0.iter().find(|(e, _)| *e == f) {
-            Some((_, flow)) => flow,
+        match self.place(f) {
+            Some(at) => &self.flows[at].1,
             None => flow_q.get(f).expect("active flow"),
         }
     }
 
     /// Flow `f`, new or in the world, to change.
     fn get_mut<'a>(&'a mut self, f: Entity, flow_q: &'a mut Query<&mut Flow>) -> &'a mut Flow {
-        match self.0.iter_mut().find(|(e, _)| *e == f) {
-            Some((_, flow)) => flow,
+        match self.place(f) {
+            Some(at) => &mut self.flows[at].1,
             None => flow_q.get_mut(f).expect("active flow").into_inner(),
         }
     }
@@ -415,4 +447,51 @@ pub(crate) fn share_bandwidth(
             generation: flows.generation,
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(tokens: u32) -> Flow {
+        Flow {
+            request: Entity::PLACEHOLDER,
+            pods: [0, 1],
+            links: [0, 1],
+            tokens,
+            share: 1.0,
+            started: 0.0,
+            remaining: f64::from(tokens),
+            rate: 0.0,
+            updated: 0.0,
+            finish_at: f64::INFINITY,
+        }
+    }
+
+    #[test]
+    fn a_new_flow_is_found_by_its_index_and_only_in_its_own_stretch() {
+        let mut world = World::new();
+        let [a, b, c] = std::array::from_fn(|_| world.spawn_empty().id());
+        let mut new = NewFlows::default();
+        new.push(b, flow(10));
+        new.push(a, flow(20));
+        assert_eq!(new.place(a), Some(1));
+        assert_eq!(new.place(b), Some(0));
+        assert_eq!(new.place(c), None);
+        // The same index in another generation is another flow.
+        let b_later =
+            Entity::from_index_and_generation(b.index(), b.generation().after_versions(1));
+        assert_eq!(new.place(b_later), None);
+        // The flows join the world in the order they started.
+        let joined: Vec<u32> = new.drain().map(|(_, f)| f.tokens).collect();
+        assert_eq!(joined, [10, 20]);
+        // The next stretch: a's entry names place 1, now empty, then c's.
+        assert_eq!(new.place(a), None);
+        new.push(c, flow(30));
+        new.push(b_later, flow(40));
+        assert_eq!(new.place(a), None);
+        assert_eq!(new.place(b), None);
+        assert_eq!(new.place(b_later), Some(1));
+        assert_eq!(new.place(c), Some(0));
+    }
 }
