@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 
 use bevy_ecs::component::Mutable;
+use bevy_ecs::entity::RemoteAllocator;
 use bevy_ecs::prelude::*;
 
 /// Components of entities made in the fast ticks (reserved, not yet
@@ -24,23 +25,45 @@ pub struct Joining<T: Component> {
     seq_of: Vec<u64>,
     /// The sequence number of the first item.
     front: u64,
+    /// The world's entity allocator.
+    allocator: RemoteAllocator,
 }
 
-impl<T: Component> Default for Joining<T> {
-    fn default() -> Self {
+impl<T: Component> Joining<T> {
+    /// None kept yet, for `world`'s entities.
+    pub fn new(world: &World) -> Self {
         Joining {
             ids: VecDeque::new(),
             items: VecDeque::new(),
             seq_of: Vec::new(),
             front: 0,
+            allocator: world.entity_allocator().build_remote_allocator(),
         }
     }
-}
 
-impl<T: Component> Joining<T> {
-    /// Keeps `item` as entity `id`'s (reserved by `commands`), and queues
-    /// the command that joins it to the world: after what was queued
-    /// before, before what is queued after.
+    /// An entity to keep a component for: allocated as
+    /// `Commands::spawn_empty` allocates it (the same one), but spawned
+    /// only with its component, by [`keep`](Self::keep)'s command, in one
+    /// move rather than spawned empty and moved to its table.
+    pub fn reserve(&self) -> Entity {
+        self.allocator.alloc()
+    }
+
+    /// Gives back entity `id`, reserved and not kept: a command spawns it
+    /// empty and despawns it, as `spawn_empty` and `despawn` would have
+    /// (the allocator gets it back at that point, a generation on).
+    pub fn give_back(commands: &mut Commands, id: Entity) {
+        commands.queue(move |world: &mut World| {
+            world
+                .spawn_empty_at(id)
+                .expect("a reserved entity")
+                .despawn();
+        });
+    }
+
+    /// Keeps `item` as entity `id`'s ([`reserve`](Self::reserve)d), and
+    /// queues the command that spawns it: after what was queued before,
+    /// before what is queued after.
     pub fn keep(&mut self, commands: &mut Commands, id: Entity, item: T) {
         let k = id.index_u32() as usize;
         if self.seq_of.len() <= k {
@@ -52,8 +75,8 @@ impl<T: Component> Joining<T> {
         commands.queue(move |world: &mut World| {
             let item = world.resource_mut::<Joining<T>>().take(id);
             world
-                .entity_mut(id)
-                .insert(item.expect("a component waiting to join"));
+                .spawn_at(id, item.expect("a component waiting to join"))
+                .expect("a reserved entity");
         });
     }
 
@@ -141,11 +164,10 @@ mod tests {
     fn a_joining_entity_is_found_by_its_index_and_joins_in_order() {
         let mut world = World::new();
         let mut queue = CommandQueue::default();
-        let mut joining = Joining::<N>::default();
-        let (a, b, c, d);
+        let mut joining = Joining::<N>::new(&world);
+        let [a, b, c, d] = std::array::from_fn(|_| joining.reserve());
         {
             let mut commands = Commands::new(&mut queue, &world);
-            [a, b, c, d] = std::array::from_fn(|_| commands.spawn_empty().id());
             for (e, n) in [(a, 1), (b, 2), (c, 3)] {
                 joining.keep(&mut commands, e, N(n));
             }
@@ -167,19 +189,28 @@ mod tests {
         assert_eq!(joining.take(a), Some(N(1)));
         assert_eq!(joining.position(c), Some(0));
 
-        // The commands take them from the front, in the order kept.
+        // The commands take them from the front, in the order kept, and
+        // spawn them with their components.
         let mut queue = CommandQueue::default();
-        let mut joining = Joining::<N>::default();
+        let mut joining = Joining::<N>::new(&world);
+        let [e, f, g] = std::array::from_fn(|_| joining.reserve());
         let mut commands = Commands::new(&mut queue, &world);
-        let [e, f] = std::array::from_fn(|_| commands.spawn_empty().id());
         for (id, n) in [(e, 4), (f, 5)] {
             joining.keep(&mut commands, id, N(n));
         }
+        Joining::<N>::give_back(&mut commands, g);
         world.insert_resource(joining);
         world.flush();
         queue.apply(&mut world);
         assert!(world.resource::<Joining<N>>().is_empty());
         assert_eq!(world.get::<N>(e), Some(&N(4)));
         assert_eq!(world.get::<N>(f), Some(&N(5)));
+        assert!(world.get_entity(g).is_err());
+        let ids: Vec<Entity> = world
+            .query::<(Entity, &N)>()
+            .iter(&world)
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, [e, f]);
     }
 }

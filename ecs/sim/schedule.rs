@@ -223,9 +223,9 @@ impl Sim {
         world.insert_resource(PhaseIndex::default());
         world.insert_resource(RunStatus::default());
         world.insert_resource(StepScratch::default());
-        world.insert_resource(Joining::<Request>::default());
-        world.insert_resource(Joining::<Session>::default());
-        world.insert_resource(Joining::<Lease>::default());
+        world.insert_resource(Joining::<Request>::new(&world));
+        world.insert_resource(Joining::<Session>::new(&world));
+        world.insert_resource(Joining::<Lease>::new(&world));
         world.insert_resource(CurrentScenario(raw.clone()));
         world.insert_resource(Metrics::new(raw.warmup, raw.phases.len() + 1, raw.slo));
         world.insert_resource(Counters::default());

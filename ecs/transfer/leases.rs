@@ -55,7 +55,7 @@ pub fn grant(
     new: NewLease,
     now: f64,
 ) -> Entity {
-    let id = commands.spawn_empty().id();
+    let id = joining.reserve();
     let expires_at = if new.expires {
         now + config.duration
     } else {

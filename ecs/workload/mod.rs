@@ -122,11 +122,11 @@ pub(crate) fn issue_arrivals<S: Lookup<Session>>(
         let id = state.next_session;
         state.next_session += 1;
         let mut session = Session::new(id, state.seed, &state.params);
-        let entity = issue.commands.spawn_empty().id();
+        let entity = sessions.joining.reserve();
         if issue.turn(entity, &mut session, state) {
             sessions.joining.keep(issue.commands, entity, session);
         } else {
-            issue.commands.entity(entity).despawn();
+            Joining::<Session>::give_back(issue.commands, entity);
         }
         let gap = state.next_arrival_gap();
         agenda.schedule(now + gap, Event::SessionArrival);
@@ -182,7 +182,7 @@ impl Issue<'_, '_, '_> {
     /// The request goes to the gateway (it joins the world when the
     /// commands are applied).
     fn send(&mut self, r: Request) {
-        let id = self.commands.spawn_empty().id();
+        let id = self.issued.reserve();
         self.issued.keep(self.commands, id, r);
         self.gateway.queue.push(id);
     }
