@@ -21,8 +21,10 @@ use bevy_ecs::prelude::*;
 pub struct Joining<T: Component> {
     ids: VecDeque<Entity>,
     items: VecDeque<T>,
-    /// By entity index: 1 + the sequence number of its item (0: none).
-    seq_of: Vec<u64>,
+    /// By entity index: the entity whose item is here and the item's
+    /// sequence number (a look-up reads this alone, not `ids`), or
+    /// `Entity::PLACEHOLDER`.
+    seq_of: Vec<(Entity, u64)>,
     /// The sequence number of the first item.
     front: u64,
     /// The world's entity allocator.
@@ -67,9 +69,9 @@ impl<T: Component> Joining<T> {
     pub fn keep(&mut self, commands: &mut Commands, id: Entity, item: T) {
         let k = id.index_u32() as usize;
         if self.seq_of.len() <= k {
-            self.seq_of.resize(k + 1, 0);
+            self.seq_of.resize(k + 1, (Entity::PLACEHOLDER, 0));
         }
-        self.seq_of[k] = self.front + self.ids.len() as u64 + 1;
+        self.seq_of[k] = (id, self.front + self.ids.len() as u64);
         self.ids.push_back(id);
         self.items.push_back(item);
         commands.queue(move |world: &mut World| {
@@ -85,13 +87,13 @@ impl<T: Component> Joining<T> {
     /// ones move up one.
     fn take(&mut self, id: Entity) -> Option<T> {
         let at = self.position(id)?;
-        self.seq_of[id.index_u32() as usize] = 0;
+        self.seq_of[id.index_u32() as usize] = (Entity::PLACEHOLDER, 0);
         self.ids.remove(at);
         if at == 0 {
             self.front += 1;
         } else {
             for later in self.ids.range(at..) {
-                self.seq_of[later.index_u32() as usize] -= 1;
+                self.seq_of[later.index_u32() as usize].1 -= 1;
             }
         }
         self.items.remove(at)
@@ -100,10 +102,9 @@ impl<T: Component> Joining<T> {
     /// Where entity `id`'s component is, if it is here.
     #[inline]
     fn position(&self, id: Entity) -> Option<usize> {
-        let seq = *self.seq_of.get(id.index_u32() as usize)?;
-        let at = seq.checked_sub(self.front + 1)? as usize;
+        let &(kept, seq) = self.seq_of.get(id.index_u32() as usize)?;
         // (Another generation of the index is not this entity.)
-        (self.ids.get(at) == Some(&id)).then_some(at)
+        (kept == id).then(|| (seq - self.front) as usize)
     }
 
     /// Whether every component kept has joined the world.
