@@ -27,7 +27,7 @@ pub struct Joining<T: Component> {
     seq_of: Vec<(Entity, u64)>,
     /// The sequence number of the first item.
     front: u64,
-    /// The world's entity allocator.
+    /// A handle on the world's entity allocator.
     allocator: RemoteAllocator,
 }
 

@@ -485,7 +485,8 @@ mod tests {
         // The flows join the world in the order they started.
         let joined: Vec<u32> = new.drain().map(|(_, f)| f.tokens).collect();
         assert_eq!(joined, [10, 20]);
-        // The next stretch: a's entry names place 1, now empty, then c's.
+        // The next stretch: a's entry still names place 1, empty, then
+        // another flow's.
         assert_eq!(new.place(a), None);
         new.push(c, flow(30));
         new.push(b_later, flow(40));
