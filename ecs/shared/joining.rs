@@ -12,6 +12,43 @@ use bevy_ecs::component::Mutable;
 use bevy_ecs::entity::RemoteAllocator;
 use bevy_ecs::prelude::*;
 
+/// Where each of some entities is in a list of their own, by entity index:
+/// a look-up reads one entry (the entity beside its place), not the list.
+/// An entry is for that entity only, not for another generation of its
+/// index.
+#[derive(Default)]
+pub(crate) struct Places {
+    by_index: Vec<(Entity, u64)>,
+}
+
+impl Places {
+    /// Entity `id` is at `place`.
+    pub(crate) fn set(&mut self, id: Entity, place: u64) {
+        let k = id.index_u32() as usize;
+        if self.by_index.len() <= k {
+            self.by_index.resize(k + 1, (Entity::PLACEHOLDER, 0));
+        }
+        self.by_index[k] = (id, place);
+    }
+
+    /// Where entity `id` is, if it is.
+    #[inline]
+    pub(crate) fn get(&self, id: Entity) -> Option<u64> {
+        let &(kept, place) = self.by_index.get(id.index_u32() as usize)?;
+        (kept == id).then_some(place)
+    }
+
+    /// Entity `id` is in the list no more.
+    pub(crate) fn forget(&mut self, id: Entity) {
+        self.by_index[id.index_u32() as usize] = (Entity::PLACEHOLDER, 0);
+    }
+
+    /// Entity `id`, in the list, moved one place up.
+    fn move_up(&mut self, id: Entity) {
+        self.by_index[id.index_u32() as usize].1 -= 1;
+    }
+}
+
 /// Components of entities made in the fast ticks (reserved, not yet
 /// spawned), in the order they were made. The fast ticks look entities up
 /// here first, most of them not here, and keep a request here for most of
@@ -21,10 +58,8 @@ use bevy_ecs::prelude::*;
 pub struct Joining<T: Component> {
     ids: VecDeque<Entity>,
     items: VecDeque<T>,
-    /// By entity index: the entity whose item is here and the item's
-    /// sequence number (a look-up reads this alone, not `ids`), or
-    /// `Entity::PLACEHOLDER`.
-    seq_of: Vec<(Entity, u64)>,
+    /// The sequence number of each item, by its entity.
+    seq_of: Places,
     /// The sequence number of the first item.
     front: u64,
     /// A handle on the world's entity allocator.
@@ -37,7 +72,7 @@ impl<T: Component> Joining<T> {
         Joining {
             ids: VecDeque::new(),
             items: VecDeque::new(),
-            seq_of: Vec::new(),
+            seq_of: Places::default(),
             front: 0,
             allocator: world.entity_allocator().build_remote_allocator(),
         }
@@ -54,7 +89,7 @@ impl<T: Component> Joining<T> {
     /// Gives back entity `id`, reserved and not kept: a command spawns it
     /// empty and despawns it, as `spawn_empty` and `despawn` would have
     /// (the allocator gets it back at that point, a generation on).
-    pub fn give_back(commands: &mut Commands, id: Entity) {
+    pub fn give_back(&self, commands: &mut Commands, id: Entity) {
         commands.queue(move |world: &mut World| {
             world
                 .spawn_empty_at(id)
@@ -67,11 +102,7 @@ impl<T: Component> Joining<T> {
     /// queues the command that spawns it: after what was queued before,
     /// before what is queued after.
     pub fn keep(&mut self, commands: &mut Commands, id: Entity, item: T) {
-        let k = id.index_u32() as usize;
-        if self.seq_of.len() <= k {
-            self.seq_of.resize(k + 1, (Entity::PLACEHOLDER, 0));
-        }
-        self.seq_of[k] = (id, self.front + self.ids.len() as u64);
+        self.seq_of.set(id, self.front + self.ids.len() as u64);
         self.ids.push_back(id);
         self.items.push_back(item);
         commands.queue(move |world: &mut World| {
@@ -87,13 +118,13 @@ impl<T: Component> Joining<T> {
     /// ones move up one.
     fn take(&mut self, id: Entity) -> Option<T> {
         let at = self.position(id)?;
-        self.seq_of[id.index_u32() as usize] = (Entity::PLACEHOLDER, 0);
+        self.seq_of.forget(id);
         self.ids.remove(at);
         if at == 0 {
             self.front += 1;
         } else {
             for later in self.ids.range(at..) {
-                self.seq_of[later.index_u32() as usize].1 -= 1;
+                self.seq_of.move_up(*later);
             }
         }
         self.items.remove(at)
@@ -102,9 +133,7 @@ impl<T: Component> Joining<T> {
     /// Where entity `id`'s component is, if it is here.
     #[inline]
     fn position(&self, id: Entity) -> Option<usize> {
-        let &(kept, seq) = self.seq_of.get(id.index_u32() as usize)?;
-        // (Another generation of the index is not this entity.)
-        (kept == id).then(|| (seq - self.front) as usize)
+        self.seq_of.get(id).map(|seq| (seq - self.front) as usize)
     }
 
     /// Whether every component kept has joined the world.
@@ -199,7 +228,7 @@ mod tests {
         for (id, n) in [(e, 4), (f, 5)] {
             joining.keep(&mut commands, id, N(n));
         }
-        Joining::<N>::give_back(&mut commands, g);
+        joining.give_back(&mut commands, g);
         world.insert_resource(joining);
         world.flush();
         queue.apply(&mut world);

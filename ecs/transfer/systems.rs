@@ -8,6 +8,7 @@ use bevy_ecs::prelude::*;
 
 use crate::engine::{Engine, KvPool, KvSource, Request, RequestStore, Status};
 use crate::scenario::TransferMode;
+use crate::shared::joining::Places;
 use crate::shared::{
     Agenda, Clock, CurrentScenario, Deadlines, Event, FaultRng, Lookup, Parked, TickEvents,
 };
@@ -136,34 +137,29 @@ pub(crate) fn start_reads(
 #[derive(Default)]
 pub(crate) struct NewFlows {
     flows: Vec<(Entity, Flow)>,
-    /// By entity index: 1 + the flow's place in `flows` (0: none). An entry
-    /// left from an earlier stretch names a place that holds another entity
-    /// or none, so it is never cleared.
-    place_of: Vec<u32>,
+    /// Each flow's place in `flows`.
+    place_of: Places,
 }
 
 impl NewFlows {
     /// Keeps flow `flow` of the reserved entity `id`.
     pub(crate) fn push(&mut self, id: Entity, flow: Flow) {
-        let k = id.index_u32() as usize;
-        if self.place_of.len() <= k {
-            self.place_of.resize(k + 1, 0);
-        }
-        self.place_of[k] = self.flows.len() as u32 + 1;
+        self.place_of.set(id, self.flows.len() as u64);
         self.flows.push((id, flow));
     }
 
     /// The flows kept, in the order they started, to join the world.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = (Entity, Flow)> + '_ {
+        for &(id, _) in &self.flows {
+            self.place_of.forget(id);
+        }
         self.flows.drain(..)
     }
 
     /// Where flow `f` is in `flows`, if it is new.
     #[inline]
     fn place(&self, f: Entity) -> Option<usize> {
-        let at = self.place_of.get(f.index_u32() as usize)?.checked_sub(1)? as usize;
-        // (Another generation of the index is not this flow.)
-        (self.flows.get(at)?.0 == f).then_some(at)
+        self.place_of.get(f).map(|at| at as usize)
     }
 
     /// Flow `f`, new or in the world.
@@ -485,8 +481,7 @@ mod tests {
         // The flows join the world in the order they started.
         let joined: Vec<u32> = new.drain().map(|(_, f)| f.tokens).collect();
         assert_eq!(joined, [10, 20]);
-        // The next stretch: a's entry still names place 1, empty, then
-        // another flow's.
+        // The next stretch: a joined the world, and is not found here.
         assert_eq!(new.place(a), None);
         new.push(c, flow(30));
         new.push(b_later, flow(40));

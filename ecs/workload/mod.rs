@@ -126,7 +126,7 @@ pub(crate) fn issue_arrivals<S: Lookup<Session>>(
         if issue.turn(entity, &mut session, state) {
             sessions.joining.keep(issue.commands, entity, session);
         } else {
-            Joining::<Session>::give_back(issue.commands, entity);
+            sessions.joining.give_back(issue.commands, entity);
         }
         let gap = state.next_arrival_gap();
         agenda.schedule(now + gap, Event::SessionArrival);
